@@ -1,0 +1,150 @@
+"""The pruner registry and `prune`, the one entry point for every pruner (NNI's and ours).
+
+A pruner is a function `(model, config, evaluator) -> masks`, masks being NNI's layout
+`{module FQN: {"weight" | "bias": 0/1 tensor}}`; `prune` turns them into a `TeSATable`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from sparta_explore.errors import ConfigError
+from sparta_explore.graph import Graph, capture
+from sparta_explore.tesa import TeSA
+from sparta_explore.tesa_table import TeSATable
+
+Masks = dict[str, dict[str, torch.Tensor]]
+PrunerFn = Callable[[nn.Module, Any, Any], Masks]
+
+
+@dataclass(frozen=True)
+class PrunerEntry:
+    """One registered pruner: its function, the config dataclass it takes, whether it trains."""
+
+    name: str
+    fn: PrunerFn
+    config_type: type | None
+    needs_evaluator: bool
+    accepts_config_list: bool
+
+
+_PRUNERS: dict[str, PrunerEntry] = {}
+
+
+def register_pruner(name: str, *, config_type: type | None = None, needs_evaluator: bool = False,
+                    accepts_config_list: bool = False) -> Callable[[PrunerFn], PrunerFn]:
+    """Decorator adding a pruner under `name` (lower case, e.g. "l1norm", "block").
+
+    `accepts_config_list` marks NNI pruners, which also take a raw NNI config_list.
+    """
+    def add(fn: PrunerFn) -> PrunerFn:
+        if name in _PRUNERS:
+            raise ConfigError(f"pruner {name!r} is already registered")
+        _PRUNERS[name] = PrunerEntry(name, fn, config_type, needs_evaluator, accepts_config_list)
+        return fn
+    return add
+
+
+def pruner_names() -> list[str]:
+    """Names accepted by `prune(..., pruner=...)`."""
+    return list(_PRUNERS)
+
+
+def get_pruner(name: str) -> PrunerEntry:
+    """The registered pruner `name`; an unknown name is a `ConfigError` listing the choices."""
+    key = name.lower().replace("_", "").replace("-", "")
+    key = key[:-6] if key.endswith("pruner") else key
+    if key not in _PRUNERS:
+        raise ConfigError(f"unknown pruner {name!r}; choose one of {', '.join(_PRUNERS)}")
+    return _PRUNERS[key]
+
+
+def coerce_config(config: Any, config_type: type, pruner: str) -> Any:
+    """`config` as an instance of `config_type`; a dict (e.g. NNI trial parameters) is converted.
+
+    Unknown keys are a `ConfigError` naming them.
+    """
+    if isinstance(config, config_type):
+        return config
+    if isinstance(config, Mapping):
+        fields = {f.name for f in dataclasses.fields(config_type)}
+        unknown = sorted(set(config) - fields)
+        if unknown:
+            raise ConfigError(f"pruner {pruner!r}: unknown config keys {unknown}; {config_type.__name__} "
+                              f"takes {sorted(fields)}")
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
+        return config_type(**values)
+    raise ConfigError(f"pruner {pruner!r} takes a {config_type.__name__} or a dict, got {type(config).__name__}")
+
+
+def masks_to_table(source: Graph | nn.Module, masks: Mapping[str, Mapping[str, torch.Tensor]]) -> TeSATable:
+    """A TeSATable with every parameter of the model, pruned where `masks` are zero.
+
+    `source` is a captured `Graph` (the table is then bound to its tensor names and
+    shapes) or the model itself. Mask keys follow NNI: module FQN, then target name.
+
+    Example:
+        >>> t = masks_to_table(model, {"fc1": {"weight": mask}})  # doctest: +SKIP
+    """
+    model = source.root if isinstance(source, Graph) else source
+    params = dict(model.named_parameters(remove_duplicate=False))
+    shapes = source.shapes() if isinstance(source, Graph) else None
+    table = TeSATable({n: TeSA.dense(p.shape) for n, p in params.items()}, shapes=shapes)
+    modules = dict(model.named_modules())
+    for module_name, targets in masks.items():
+        if module_name not in modules:
+            raise ConfigError(f"mask for module {module_name!r}, which is not a submodule of {type(model).__name__}")
+        for target, mask in targets.items():
+            name = f"{module_name}.{target}" if module_name else target
+            if name not in params:
+                raise ConfigError(f"mask for {name!r}, which is not a parameter of {type(model).__name__} "
+                                  f"(NNI activation targets such as '_output_' are not weights)")
+            tesa = TeSA.from_mask(mask)
+            tesa.check_fits(params[name].shape, name)
+            table[name] = table[name].merge(tesa.expand(params[name].shape))
+    return table
+
+
+def from_nni_masks(source: Graph | nn.Module, masks: Mapping[str, Mapping[str, torch.Tensor]]) -> TeSATable:
+    """Turn the masks an NNI pruner returned (`_, masks = pruner.compress()`) into a TeSATable.
+
+    Example:
+        >>> _, masks = L1NormPruner(model, config_list).compress()  # doctest: +SKIP
+        >>> table = from_nni_masks(capture(model, x), masks)       # doctest: +SKIP
+    """
+    return masks_to_table(source, masks)
+
+
+def prune(model: nn.Module, config: Any, pruner: str = "l1norm", evaluator: Any = None, *,
+          graph: Graph | None = None, example_inputs: Any = None) -> TeSATable:
+    """Prune `model` with the registered pruner `pruner` and return the pruning as a TeSATable.
+
+    `config` is the pruner's config dataclass, a dict of its fields, or (NNI pruners) an
+    NNI config_list. Weights are left as they were, except that pruners which train
+    (Taylor, Movement, Slim, AGP/Linear) update them through `evaluator`. Pass `graph`
+    (or `example_inputs`) to bind the table to the captured graph's names and shapes.
+
+    Example:
+        >>> table = prune(model, {"sparsity": 0.5}, pruner="l1norm")  # doctest: +SKIP
+        >>> table = prune(model, BlockPruneConfig(0.9, (32, 32)), pruner="block")  # doctest: +SKIP
+    """
+    entry = get_pruner(pruner)
+    if entry.needs_evaluator and evaluator is None:
+        raise ConfigError(f"pruner {entry.name!r} trains while pruning and needs an evaluator "
+                          "(see sparta_explore.pruners.digits_evaluator)")
+    if isinstance(config, list):
+        if not entry.accepts_config_list:
+            raise ConfigError(f"pruner {entry.name!r} takes a {getattr(entry.config_type, '__name__', 'config')}, "
+                              "not an NNI config_list")
+    elif entry.config_type is not None:
+        config = coerce_config(config, entry.config_type, entry.name)
+    if graph is None and example_inputs is not None:
+        graph = capture(model, example_inputs)
+    masks = entry.fn(model, config, evaluator)
+    return masks_to_table(graph if graph is not None else model, masks)

@@ -1,0 +1,39 @@
+"""sparta-explore: make sparsity and quantization pay off in measured speed.
+
+Importing the package is cheap: it loads the core types only. NNI is imported by
+`sparta_explore.pruners` and `sparta_explore.quantizers` when they are first used.
+
+Example:
+    >>> import sparta_explore as se
+    >>> g = se.capture(model, (x,))                       # doctest: +SKIP
+    >>> table = se.pruners.prune(model, cfg, pruner="l1norm", graph=g)  # doctest: +SKIP
+    >>> print(table.summary())                            # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from sparta_explore.errors import (CaptureError, ConfigError, SpartaError, TeSABitsError, TeSANameError,
+                                   TeSAShapeError)
+from sparta_explore.graph import Graph, TensorInfo, capture
+from sparta_explore.masking import apply_table, masked_copy
+from sparta_explore.tesa import MAX_BITS, NumberFormat, TeSA
+from sparta_explore.tesa_table import TeSATable
+
+__version__ = "0.1.0"
+
+# Submodules loaded on first attribute access, so `import sparta_explore` stays lean.
+_LAZY_SUBMODULES = ("pruners", "quantizers", "kernels", "zoo", "cli")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_SUBMODULES:
+        return importlib.import_module(f"sparta_explore.{name}")
+    raise AttributeError(f"module 'sparta_explore' has no attribute {name!r}")
+
+
+__all__ = ["MAX_BITS", "CaptureError", "ConfigError", "Graph", "NumberFormat", "SpartaError", "TeSA",
+           "TeSABitsError", "TeSANameError", "TeSAShapeError", "TeSATable", "TensorInfo", "apply_table",
+           "capture", "masked_copy"]

@@ -1,0 +1,40 @@
+"""Errors that name the tensor, op or config key at fault.
+
+Every error the library raises on bad input derives from `SpartaError`, so callers can
+catch the whole family at once, and also from the matching built-in (`ValueError`,
+`KeyError`, ...), so generic handlers keep working.
+"""
+
+from __future__ import annotations
+
+
+class SpartaError(Exception):
+    """Base class of every error sparta-explore raises on bad input."""
+
+
+class TeSAShapeError(SpartaError, ValueError):
+    """A TeSA's shape does not fit the tensor it describes.
+
+    Example:
+        TeSAShapeError: TeSA for 'fc1.weight' has shape (32, 8), tensor has (32, 64)
+    """
+
+
+class TeSABitsError(SpartaError, ValueError):
+    """A bit width or number format is outside what a TeSA can hold."""
+
+
+class TeSANameError(SpartaError, KeyError):
+    """A tensor name is not in the table or graph it was looked up in."""
+
+    def __str__(self) -> str:
+        # KeyError.__str__ quotes its argument; a message reads better without quotes.
+        return str(self.args[0]) if self.args else ""
+
+
+class CaptureError(SpartaError, RuntimeError):
+    """A model could not be traced or run on its example inputs."""
+
+
+class ConfigError(SpartaError, ValueError):
+    """A configuration value is invalid; the message names the key."""

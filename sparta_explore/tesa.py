@@ -1,0 +1,317 @@
+"""TeSA: a tensor's sparsity attribute (per element: kept or pruned, bit width, format).
+
+A TeSA sits beside a real tensor and has its shape (activations may keep batch dims at
+size 1, which broadcast). Each element carries a bit width, 0 meaning pruned and 1..32
+meaning kept at that many bits, and a number format (float, int, uint, bfloat).
+
+`merge` is the meet of a semilattice: pruned wins, fewer bits win. It is the lexicographic
+minimum of the pair (bits, format rank), with pruned elements normalised to one format, so
+it is commutative, associative and idempotent; that is why propagation terminates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import IntEnum
+
+import torch
+
+from sparta_explore.errors import TeSABitsError, TeSAShapeError
+
+MAX_BITS = 32
+
+
+class NumberFormat(IntEnum):
+    """How a kept element's bits are interpreted.
+
+    The integer value is the rank used by `TeSA.merge` to break ties between equal bit
+    widths: the lower rank (the more restrictive format) wins.
+    """
+
+    INT = 0
+    UINT = 1
+    BFLOAT = 2
+    FLOAT = 3
+
+    @classmethod
+    def parse(cls, value: NumberFormat | str | int) -> NumberFormat:
+        """Accept a `NumberFormat`, its name ("int", "float", ...) or its code.
+
+        Example:
+            >>> NumberFormat.parse("uint")
+            <NumberFormat.UINT: 1>
+        """
+        if isinstance(value, NumberFormat):
+            return value
+        if isinstance(value, str):
+            try:
+                return cls[value.upper()]
+            except KeyError:
+                names = ", ".join(f.name.lower() for f in cls)
+                raise TeSABitsError(f"unknown number format {value!r}; expected one of {names}") from None
+        try:
+            return cls(int(value))
+        except ValueError:
+            raise TeSABitsError(f"unknown number format code {value!r}") from None
+
+
+Shape = tuple[int, ...]
+
+
+def _check_bits(bits: int, what: str) -> int:
+    if not isinstance(bits, int) or isinstance(bits, bool) or not 0 <= bits <= MAX_BITS:
+        raise TeSABitsError(f"{what}: bit width must be an int in 0..{MAX_BITS}, got {bits!r}")
+    return bits
+
+
+class TeSA:
+    """The sparsity attribute of one tensor.
+
+    Attributes are read-only; every operation returns a new TeSA.
+
+    Example:
+        >>> a = TeSA.from_mask(torch.tensor([[1, 0], [1, 1]]), bits=8)
+        >>> a.sparsity
+        0.25
+        >>> a.merge(TeSA.dense((2, 2), bits=4)).bit_histogram()
+        {0: 1, 4: 3}
+    """
+
+    __slots__ = ("_bits", "_fmt")
+    __hash__ = None  # mutable tensors inside; equality is by value
+
+    def __init__(self, bits: torch.Tensor, fmt: torch.Tensor | NumberFormat | str = NumberFormat.FLOAT,
+                 *, name: str = "TeSA") -> None:
+        """Build from a bit-width tensor (0 = pruned) and a format (tensor of codes or one format).
+
+        Example:
+            >>> TeSA(torch.tensor([0, 8, 8], dtype=torch.uint8), "int").sparsity
+            0.3333333333333333
+        """
+        if not isinstance(bits, torch.Tensor):
+            raise TeSABitsError(f"{name}: bits must be a torch.Tensor, got {type(bits).__name__}")
+        if bits.is_floating_point() or bits.is_complex() or bits.dtype == torch.bool:
+            raise TeSABitsError(f"{name}: bits must be an integer tensor, got {bits.dtype}")
+        if bits.numel() and (int(bits.min()) < 0 or int(bits.max()) > MAX_BITS):
+            raise TeSABitsError(
+                f"{name}: bit widths must lie in 0..{MAX_BITS}, got range "
+                f"{int(bits.min())}..{int(bits.max())}")
+        bits = bits.detach().to(device="cpu", dtype=torch.uint8)
+        if isinstance(fmt, torch.Tensor):
+            if fmt.shape != bits.shape:
+                raise TeSAShapeError(
+                    f"{name}: format tensor has shape {tuple(fmt.shape)}, bits have {tuple(bits.shape)}")
+            if fmt.numel() and int(fmt.max()) > max(NumberFormat):
+                raise TeSABitsError(f"{name}: unknown number format code {int(fmt.max())}")
+            fmt = fmt.detach().to(device="cpu", dtype=torch.uint8)
+        else:
+            fmt = torch.full(bits.shape, int(NumberFormat.parse(fmt)), dtype=torch.uint8)
+        # Pruned elements carry no format; normalising them keeps merge a true meet and
+        # makes equality ignore what a pruned element "was".
+        self._fmt = torch.where(bits == 0, torch.zeros_like(fmt), fmt)
+        self._bits = bits
+
+    # ---- constructors -------------------------------------------------------------
+    @classmethod
+    def dense(cls, shape: Sequence[int] | torch.Size, bits: int = MAX_BITS,
+              fmt: NumberFormat | str = NumberFormat.FLOAT) -> TeSA:
+        """Every element kept at `bits` bits.
+
+        Example:
+            >>> TeSA.dense((3, 4), bits=8).bit_histogram()
+            {8: 12}
+        """
+        _check_bits(bits, "TeSA.dense")
+        return cls(torch.full(tuple(shape), bits, dtype=torch.uint8), fmt)
+
+    @classmethod
+    def from_mask(cls, mask: torch.Tensor, bits: int = MAX_BITS,
+                  fmt: NumberFormat | str = NumberFormat.FLOAT) -> TeSA:
+        """Kept where `mask` is non-zero (or True), pruned where it is zero.
+
+        Example:
+            >>> TeSA.from_mask(torch.tensor([1.0, 0.0])).pruned
+            tensor([False,  True])
+        """
+        if not isinstance(mask, torch.Tensor):
+            raise TeSABitsError(f"TeSA.from_mask: mask must be a torch.Tensor, got {type(mask).__name__}")
+        _check_bits(bits, "TeSA.from_mask")
+        kept = mask.detach().cpu() != 0
+        return cls(kept.to(torch.uint8) * bits, fmt)
+
+    # ---- views -------------------------------------------------------------------
+    @property
+    def bits(self) -> torch.Tensor:
+        """uint8 tensor of bit widths; 0 means pruned. A copy: TeSAs are immutable."""
+        return self._bits.clone()
+
+    @property
+    def fmt(self) -> torch.Tensor:
+        """uint8 tensor of `NumberFormat` codes (0 where pruned)."""
+        return self._fmt.clone()
+
+    @property
+    def pruned(self) -> torch.Tensor:
+        """bool tensor, True where the element is pruned."""
+        return self._bits == 0
+
+    @property
+    def kept(self) -> torch.Tensor:
+        """bool tensor, True where the element is kept."""
+        return self._bits != 0
+
+    @property
+    def shape(self) -> Shape:
+        return tuple(self._bits.shape)
+
+    @property
+    def numel(self) -> int:
+        return self._bits.numel()
+
+    @property
+    def sparsity(self) -> float:
+        """Fraction of pruned elements (0.0 for an empty tensor)."""
+        n = self._bits.numel()
+        return float((self._bits == 0).sum()) / n if n else 0.0
+
+    @property
+    def density(self) -> float:
+        """Fraction of kept elements."""
+        return 1.0 - self.sparsity if self._bits.numel() else 0.0
+
+    def formats(self) -> set[NumberFormat]:
+        """The number formats used by kept elements."""
+        codes = torch.unique(self._fmt[self.kept]).tolist()
+        return {NumberFormat(c) for c in codes}
+
+    def kept_bits(self) -> list[int]:
+        """Sorted distinct bit widths among kept elements.
+
+        Example:
+            >>> TeSA(torch.tensor([0, 4, 8, 8])).kept_bits()
+            [4, 8]
+        """
+        return [b for b in torch.unique(self._bits).tolist() if b]
+
+    def bit_histogram(self) -> dict[int, int]:
+        """Number of elements per bit width, pruned elements under 0, ordered by width.
+
+        Example:
+            >>> TeSA(torch.tensor([0, 8, 8])).bit_histogram()
+            {0: 1, 8: 2}
+        """
+        values, counts = torch.unique(self._bits, return_counts=True)
+        return {int(v): int(c) for v, c in zip(values.tolist(), counts.tolist())}
+
+    def mean_bits(self) -> float:
+        """Average bit width over all elements (pruned count as 0): storage per element."""
+        return float(self._bits.float().mean()) if self._bits.numel() else 0.0
+
+    # ---- blocks ------------------------------------------------------------------
+    def block_mask(self, block: Sequence[int]) -> torch.Tensor:
+        """bool tensor over the block grid: True where the block holds a kept element.
+
+        `block` applies to the trailing dims (leading dims are independent rows of
+        blocks); ragged edges form smaller blocks.
+
+        Example:
+            >>> TeSA.from_mask(torch.eye(4)).block_mask((2, 2))
+            tensor([[ True, False],
+                    [False,  True]])
+        """
+        block = tuple(int(b) for b in block)
+        nd = len(block)
+        if nd == 0 or nd > self._bits.dim() or any(b < 1 for b in block):
+            raise TeSAShapeError(
+                f"block {block} does not fit a TeSA of shape {self.shape}: need 1..{self._bits.dim()} "
+                "positive sizes for the trailing dims")
+        kept = self.kept
+        lead, tail = kept.shape[: kept.dim() - nd], kept.shape[kept.dim() - nd:]
+        grid = tuple(-(-s // b) for s, b in zip(tail, block))
+        pad = []
+        for s, b, g in reversed(list(zip(tail, block, grid))):
+            pad += [0, g * b - s]
+        padded = torch.nn.functional.pad(kept.to(torch.uint8), pad) if any(pad) else kept.to(torch.uint8)
+        split = list(lead)
+        for g, b in zip(grid, block):
+            split += [g, b]
+        view = padded.reshape(split)
+        block_dims = tuple(len(lead) + 2 * i + 1 for i in range(nd))
+        return view.amax(dim=block_dims).bool() if view.numel() else torch.zeros(lead + grid, dtype=torch.bool)
+
+    def block_density(self, block: Sequence[int]) -> float:
+        """Fraction of blocks of shape `block` that hold at least one kept element.
+
+        Example:
+            >>> TeSA.from_mask(torch.eye(4)).block_density((2, 2))
+            0.5
+        """
+        grid = self.block_mask(block)
+        return float(grid.float().mean()) if grid.numel() else 0.0
+
+    # ---- algebra -----------------------------------------------------------------
+    def _key(self) -> torch.Tensor:
+        return self._bits.to(torch.int16) * 4 + self._fmt.to(torch.int16)
+
+    def merge(self, other: TeSA) -> TeSA:
+        """Meet of two attributes: pruned wins, then fewer bits, then the lower-ranked format.
+
+        Shapes must be equal or broadcast (a size-1 dim stands for any size).
+
+        Example:
+            >>> TeSA.dense((2,), bits=8).merge(TeSA.from_mask(torch.tensor([0, 1]), bits=16)).bits
+            tensor([0, 8], dtype=torch.uint8)
+        """
+        if not isinstance(other, TeSA):
+            raise TypeError(f"TeSA.merge needs a TeSA, got {type(other).__name__}")
+        try:
+            key = torch.minimum(self._key(), other._key())
+        except RuntimeError:
+            raise TeSAShapeError(f"cannot merge TeSAs of shapes {self.shape} and {other.shape}") from None
+        return TeSA((key // 4).to(torch.uint8), (key % 4).to(torch.uint8))
+
+    def prune(self, mask: torch.Tensor) -> TeSA:
+        """A copy with the elements where `mask` is True also pruned."""
+        return self.merge(TeSA.from_mask(~mask.bool(), bits=MAX_BITS, fmt=NumberFormat.FLOAT))
+
+    def with_bits(self, bits: int, fmt: NumberFormat | str | None = None) -> TeSA:
+        """A copy whose kept elements all use `bits` bits (and `fmt`, if given); pruned stay pruned.
+
+        Example:
+            >>> TeSA.from_mask(torch.tensor([1, 0])).with_bits(8, "int").bit_histogram()
+            {0: 1, 8: 1}
+        """
+        _check_bits(bits, "TeSA.with_bits")
+        new_fmt = self._fmt if fmt is None else torch.full_like(self._fmt, int(NumberFormat.parse(fmt)))
+        return TeSA(torch.where(self.kept, torch.full_like(self._bits, bits), self._bits), new_fmt)
+
+    def expand(self, shape: Sequence[int]) -> TeSA:
+        """Broadcast size-1 dims to `shape` (for activations kept at batch size 1)."""
+        try:
+            return TeSA(self._bits.expand(tuple(shape)).contiguous(), self._fmt.expand(tuple(shape)).contiguous())
+        except RuntimeError:
+            raise TeSAShapeError(f"TeSA of shape {self.shape} cannot broadcast to {tuple(shape)}") from None
+
+    def fits(self, shape: Sequence[int]) -> bool:
+        """True if this TeSA describes a tensor of `shape` (equal dims, or size 1 here)."""
+        shape = tuple(shape)
+        return len(shape) == len(self.shape) and all(a in (b, 1) for a, b in zip(self.shape, shape))
+
+    def check_fits(self, shape: Sequence[int], name: str) -> None:
+        """Raise `TeSAShapeError` naming `name` unless this TeSA fits a tensor of `shape`."""
+        if not self.fits(shape):
+            raise TeSAShapeError(f"TeSA for {name!r} has shape {self.shape}, tensor has {tuple(shape)}")
+
+    # ---- comparison and display ----------------------------------------------------
+    def equals(self, other: TeSA) -> bool:
+        """Same shape, same bits and formats everywhere."""
+        return (isinstance(other, TeSA) and self.shape == other.shape
+                and torch.equal(self._bits, other._bits) and torch.equal(self._fmt, other._fmt))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TeSA) and self.equals(other)
+
+    def __repr__(self) -> str:
+        fmts = "/".join(sorted(f.name.lower() for f in self.formats())) or "-"
+        return (f"TeSA(shape={self.shape}, sparsity={self.sparsity:.3f}, "
+                f"bits={self.kept_bits() or [0]}, fmt={fmts})")

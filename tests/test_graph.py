@@ -1,0 +1,116 @@
+"""capture: shapes of every tensor, names that match a TeSATable, and clear failures."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sparta_explore import CaptureError, TeSATable, capture
+from sparta_explore.zoo import build_model, example_inputs, model_names
+
+
+@pytest.mark.parametrize("name", [n for n in model_names() if n != "bert-base"])
+def test_every_zoo_model_captures_with_all_shapes(name):
+    model = build_model(name)
+    inputs = example_inputs(name, batch=2)
+    g = capture(model, inputs)
+    params = dict(model.named_parameters())
+    for pname, p in params.items():
+        assert g.tensors[pname].shape == tuple(p.shape) and g.tensors[pname].kind == "param"
+    out = model(*inputs)
+    assert g.tensors[g.outputs[0]].shape == tuple(out.shape)
+    assert all(g.tensors[n.name].kind == "activation" for n in g.nodes()
+               if n.name in g.tensors)
+    TeSATable.dense_for(g.shapes())  # every name/shape is valid for a bound table
+
+
+def test_bert_base_shapes():
+    g = capture(build_model("bert-base"), example_inputs("bert-base", batch=1))
+    assert g.tensors["layers.0.ffn.fc1.weight"].shape == (3072, 768)
+    fc1 = g.module_nodes("layers.0.ffn.fc1")[0]
+    assert g.tensors[fc1.name].shape == (1, 128, 3072)
+    assert g.params_of(fc1) == {"weight": "layers.0.ffn.fc1.weight", "bias": "layers.0.ffn.fc1.bias"}
+
+
+class _DataDependent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return self.fc(x)
+        return x
+
+
+class _Outer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = _DataDependent()
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(self.block(x))
+
+
+def test_untraceable_module_error_names_it_and_suggests_leaf():
+    with pytest.raises(CaptureError) as info:
+        capture(_Outer(), torch.randn(2, 4))
+    msg = str(info.value)
+    assert "'block'" in msg and "_DataDependent" in msg and "leaf_modules" in msg
+    assert "x.sum() > 0" in msg  # the user's failing line
+    assert info.value.__suppress_context__  # no raw fx traceback chained
+
+
+def test_leaf_modules_fix_the_trace():
+    for leaf in (_DataDependent, "block"):
+        g = capture(_Outer(), torch.randn(2, 4), leaf_modules=[leaf])
+        assert [n.target for n in g.nodes()] == ["block", "head"]
+
+
+def test_unknown_leaf_name_is_an_error():
+    with pytest.raises(CaptureError, match="nope"):
+        capture(_Outer(), torch.randn(2, 4), leaf_modules=["nope"])
+
+
+def test_wrong_example_inputs_name_the_failing_node():
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    with pytest.raises(CaptureError, match=r"node '_0'.*mat1 and mat2"):
+        capture(model, torch.randn(2, 5))
+    with pytest.raises(CaptureError, match="1..1 inputs"):
+        capture(model, (torch.randn(2, 4), torch.randn(2, 4)))
+    with pytest.raises(CaptureError, match="tensor or a tuple"):
+        capture(model, "x")
+
+
+class _Functional(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(3, 4))
+        self.emb = nn.Linear(4, 4)
+        self.tied = nn.Linear(4, 4)
+        self.tied.weight = self.emb.weight
+
+    def forward(self, x):
+        return F.linear(self.tied(self.emb(x)), self.weight)
+
+
+def test_get_attr_parameters_map_to_fqn_and_tied_weights_alias():
+    g = capture(_Functional(), torch.randn(2, 4))
+    attr = [n for n in g.fx_graph.nodes if n.op == "get_attr"]
+    assert [g.tensor_name(n) for n in attr] == ["weight"]
+    assert g.canonical("tied.weight") == "emb.weight"
+    assert "tied.weight" in g.tensors and g.tensors["tied.weight"].shape == (4, 4)
+
+
+def test_capture_restores_training_mode():
+    model = build_model("digits-cnn").train()
+    capture(model, example_inputs("digits-cnn", batch=2))
+    assert model.training
+
+
+def test_summary_lists_tensors():
+    g = capture(nn.Sequential(nn.Linear(4, 3)), torch.randn(2, 4))
+    df = g.summary()
+    assert set(df["kind"]) == {"param", "activation"}
+    assert df.set_index("name").loc["0.weight", "shape"] == "3x4"

@@ -1,0 +1,161 @@
+"""TeSA: constructors, statistics, block density, and the meet laws of merge."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparta_explore import NumberFormat, TeSA, TeSABitsError, TeSAShapeError
+
+
+def tesas(shape=(3, 5)):
+    n = shape[0] * shape[1]
+    bits = st.lists(st.sampled_from([0, 1, 4, 8, 16, 32]), min_size=n, max_size=n)
+    fmts = st.lists(st.integers(0, 3), min_size=n, max_size=n)
+    return st.builds(lambda b, f: TeSA(torch.tensor(b).reshape(shape), torch.tensor(f).reshape(shape)), bits, fmts)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tesas(), tesas())
+def test_merge_is_commutative(a, b):
+    assert a.merge(b) == b.merge(a)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tesas(), tesas(), tesas())
+def test_merge_is_associative(a, b, c):
+    assert a.merge(b).merge(c) == a.merge(b.merge(c))
+
+
+@settings(max_examples=100, deadline=None)
+@given(tesas())
+def test_merge_is_idempotent(a):
+    assert a.merge(a) == a
+
+
+@settings(max_examples=100, deadline=None)
+@given(tesas(), tesas())
+def test_merge_only_tightens(a, b):
+    m = a.merge(b)
+    assert torch.all(m.bits <= a.bits) and torch.all(m.bits <= b.bits)
+    assert torch.equal(m.pruned, a.pruned | b.pruned)
+
+
+def test_pruned_wins_and_fewer_bits_win():
+    a = TeSA(torch.tensor([0, 8, 32, 16], dtype=torch.uint8), "float")
+    b = TeSA(torch.tensor([32, 4, 16, 0], dtype=torch.uint8), "int")
+    m = a.merge(b)
+    assert m.bits.tolist() == [0, 4, 16, 0]
+    assert m.fmt.tolist() == [0, int(NumberFormat.INT), int(NumberFormat.INT), 0]
+
+
+def test_equal_bits_break_ties_by_format_rank():
+    a = TeSA.dense((2,), bits=8, fmt="uint")
+    b = TeSA.dense((2,), bits=8, fmt="int")
+    assert a.merge(b).formats() == {NumberFormat.INT}
+
+
+def test_merge_broadcasts_batch_dims_of_size_one():
+    act = TeSA.from_mask(torch.tensor([[[1, 0, 1]]]))  # batch dims kept at 1
+    full = TeSA.dense((4, 2, 3), bits=8)
+    m = act.merge(full)
+    assert m.shape == (4, 2, 3)
+    assert m.pruned[:, :, 1].all() and not m.pruned[:, :, 0].any()
+
+
+def test_merge_rejects_incompatible_shapes():
+    with pytest.raises(TeSAShapeError, match=r"\(2, 3\).*\(3, 2\)"):
+        TeSA.dense((2, 3)).merge(TeSA.dense((3, 2)))
+
+
+def test_from_mask_and_statistics():
+    t = TeSA.from_mask(torch.tensor([[1.0, 0.0, 2.0, 0.0]]), bits=8, fmt="int")
+    assert t.sparsity == 0.5 and t.density == 0.5
+    assert t.bit_histogram() == {0: 2, 8: 2}
+    assert t.kept_bits() == [8]
+    assert t.mean_bits() == 4.0
+    assert t.pruned.tolist() == [[False, True, False, True]]
+    assert t.formats() == {NumberFormat.INT}
+
+
+def test_dense_and_with_bits():
+    t = TeSA.dense((2, 2), bits=16, fmt="bfloat")
+    assert t.bit_histogram() == {16: 4} and t.formats() == {NumberFormat.BFLOAT}
+    lowered = TeSA.from_mask(torch.tensor([1, 0, 1])).with_bits(4, "uint")
+    assert lowered.bits.tolist() == [4, 0, 4] and lowered.formats() == {NumberFormat.UINT}
+
+
+def test_tesa_is_immutable_through_its_views():
+    t = TeSA.dense((3,), bits=8)
+    t.bits[0] = 0
+    assert t.sparsity == 0.0
+
+
+@pytest.mark.parametrize("bad", [-1, 33, 255])
+def test_bits_out_of_range_raise(bad):
+    with pytest.raises(TeSABitsError, match="0..32"):
+        TeSA(torch.tensor([bad], dtype=torch.int32), name="fc1.weight")
+
+
+def test_bits_error_names_the_tensor():
+    with pytest.raises(TeSABitsError, match="fc1.weight"):
+        TeSA(torch.tensor([40]), name="fc1.weight")
+
+
+@pytest.mark.parametrize("bad", [-1, 33, 2.5, True])
+def test_constructor_bits_argument_is_checked(bad):
+    with pytest.raises(TeSABitsError):
+        TeSA.dense((2,), bits=bad)
+
+
+def test_float_bits_tensor_is_rejected():
+    with pytest.raises(TeSABitsError, match="integer"):
+        TeSA(torch.tensor([8.0]))
+
+
+def test_unknown_format_is_rejected():
+    with pytest.raises(TeSABitsError, match="fp8"):
+        TeSA.dense((2,), fmt="fp8")
+
+
+def test_block_density_counts_ragged_edge_blocks():
+    mask = torch.zeros(5, 7)
+    mask[0, 0] = 1  # block (0, 0)
+    mask[4, 6] = 1  # the ragged corner block (2, 1)
+    t = TeSA.from_mask(mask)
+    grid = t.block_mask((2, 4))
+    assert grid.shape == (3, 2)
+    assert grid.tolist() == [[True, False], [False, False], [False, True]]
+    assert t.block_density((2, 4)) == pytest.approx(2 / 6)
+
+
+def test_block_density_of_empty_and_full():
+    assert TeSA.from_mask(torch.zeros(64, 64)).block_density((32, 32)) == 0.0
+    assert TeSA.dense((64, 64)).block_density((1, 32)) == 1.0
+
+
+def test_block_density_over_leading_dims():
+    mask = torch.zeros(2, 4, 4)
+    mask[1, :2, :2] = 1
+    assert TeSA.from_mask(mask).block_mask((2, 2)).sum() == 1
+    assert TeSA.from_mask(mask).block_density((2, 2)) == pytest.approx(1 / 8)
+
+
+def test_block_shape_errors():
+    with pytest.raises(TeSAShapeError, match="block"):
+        TeSA.dense((4, 4)).block_density((2, 2, 2))
+    with pytest.raises(TeSAShapeError):
+        TeSA.dense((4, 4)).block_density((0, 2))
+
+
+def test_check_fits_names_the_tensor():
+    t = TeSA.dense((3072, 512))
+    with pytest.raises(TeSAShapeError, match=r"'encoder.0.ffn.fc1.weight' has shape \(3072, 512\), tensor has \(3072, 768\)"):
+        t.check_fits((3072, 768), "encoder.0.ffn.fc1.weight")
+    assert TeSA.dense((1, 1, 8)).fits((32, 128, 8))
+
+
+def test_prune_adds_pruned_elements_only():
+    t = TeSA.from_mask(torch.tensor([1, 1, 0, 1]), bits=8)
+    p = t.prune(torch.tensor([True, False, False, False]))
+    assert p.bits.tolist() == [0, 8, 0, 8]

@@ -1,0 +1,84 @@
+"""TeSATable: checked inserts, merge, summary, and save/load without unpickling."""
+
+import numpy as np
+import pytest
+import torch
+
+from sparta_explore import TeSA, TeSANameError, TeSAShapeError, TeSATable
+
+SHAPES = {"fc1.weight": (4, 3), "fc1.bias": (4,), "relu": (2, 4)}
+
+
+def test_bound_table_rejects_unknown_names_with_suggestion():
+    t = TeSATable.dense_for(SHAPES)
+    with pytest.raises(TeSANameError, match=r"'fc1.wieght'.*did you mean 'fc1.weight'"):
+        t["fc1.wieght"] = TeSA.dense((4, 3))
+
+
+def test_bound_table_rejects_wrong_shapes_naming_tensor():
+    t = TeSATable(shapes=SHAPES)
+    with pytest.raises(TeSAShapeError, match=r"'fc1.weight' has shape \(3, 4\), tensor has \(4, 3\)"):
+        t["fc1.weight"] = TeSA.dense((3, 4))
+
+
+def test_activation_may_keep_batch_dim_at_one():
+    t = TeSATable(shapes=SHAPES)
+    t["relu"] = TeSA.dense((1, 4))
+    assert t["relu"].shape == (1, 4)
+
+
+def test_missing_name_lookup_raises_named_error():
+    with pytest.raises(TeSANameError, match="'fc9.weight'"):
+        TeSATable.dense_for(SHAPES)["fc9.weight"]
+
+
+def test_values_must_be_tesas():
+    with pytest.raises(TypeError, match="fc1.weight"):
+        TeSATable()["fc1.weight"] = torch.ones(2)
+
+
+def test_merge_tables_entrywise_and_union():
+    a = TeSATable({"w": TeSA.from_mask(torch.tensor([1, 0, 1]))})
+    b = TeSATable({"w": TeSA.dense((3,), bits=8), "v": TeSA.dense((2,))})
+    m = a.merge(b)
+    assert set(m) == {"w", "v"}
+    assert m["w"].bits.tolist() == [8, 0, 8]
+    assert a["w"].bits.tolist() == [32, 0, 32]  # inputs untouched
+
+
+def test_summary_columns_and_values():
+    t = TeSATable({"fc1.weight": TeSA.from_mask(torch.tensor([[1, 0], [0, 0]]), bits=8, fmt="int"),
+                   "fc1.bias": TeSA.dense((2,))})
+    df = t.summary()
+    assert list(df.columns) == ["name", "shape", "numel", "sparsity", "bits", "fmt", "mean_bits"]
+    row = df.set_index("name").loc["fc1.weight"]
+    assert row["shape"] == "2x2" and row["sparsity"] == 0.75 and row["bits"] == "8" and row["fmt"] == "int"
+    assert t.total_sparsity() == pytest.approx(3 / 6)
+
+
+def test_save_load_round_trip(tmp_path):
+    t = TeSATable.dense_for(SHAPES)
+    t["fc1.weight"] = TeSA(torch.tensor([[0, 4, 8], [8, 8, 0], [16, 32, 1], [0, 0, 0]]), "uint")
+    path = t.save(tmp_path / "sub" / "table.npz")
+    back = TeSATable.load(path)
+    assert back.equals(t) and back.shapes == t.shapes
+    assert not list((tmp_path / "sub").glob("*.tmp"))
+
+
+def test_load_refuses_pickled_objects(tmp_path):
+    path = tmp_path / "evil.npz"
+    np.savez(path, header=np.array([{"code": "run me"}], dtype=object))
+    with pytest.raises(ValueError):
+        TeSATable.load(path)
+
+
+def test_load_refuses_foreign_npz(tmp_path):
+    path = tmp_path / "other.npz"
+    np.savez(path, header=np.frombuffer(b'{"format": "something"}', dtype=np.uint8))
+    with pytest.raises(ValueError, match="not a TeSA table"):
+        TeSATable.load(path)
+
+
+def test_load_of_missing_file_names_the_path(tmp_path):
+    with pytest.raises(ValueError, match="missing.npz"):
+        TeSATable.load(tmp_path / "missing.npz")
