@@ -137,7 +137,7 @@ def prune(model: nn.Module, config: Any, pruner: str = "l1norm", evaluator: Any 
     entry = get_pruner(pruner)
     if entry.needs_evaluator and evaluator is None:
         raise ConfigError(f"pruner {entry.name!r} trains while pruning and needs an evaluator "
-                          "(see sparta_explore.pruners.digits_evaluator)")
+                          "(an NNI Evaluator, or a DataSplit such as zoo.load_digits_split())")
     if isinstance(config, list):
         if not entry.accepts_config_list:
             raise ConfigError(f"pruner {entry.name!r} takes a {getattr(entry.config_type, '__name__', 'config')}, "

@@ -1,0 +1,96 @@
+"""An NNI `TorchEvaluator` for classification on a `DataSplit` (the digits by default).
+
+NNI's training-aware pruners and all its quantizers train through an evaluator. NNI
+calls `training_func(model, optimizer, training_step, lr_schedulers, max_steps, max_epochs)`
+with its own wrapped model and a re-created optimizer; the function must stop at
+`max_steps`, or NNI silently returns masks computed from too few steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import nni
+import torch
+import torch.nn.functional as F
+from nni.compression import TorchEvaluator
+from torch import nn
+
+from sparta_explore.zoo.data import DataSplit
+from sparta_explore.zoo.training import evaluate
+
+
+@contextlib.contextmanager
+def quiet_nni() -> Iterator[None]:
+    """Silence NNI's colour logging to stdout and torch's notes on NNI's patched optimizer."""
+    logger = logging.getLogger("nni")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*optimizer.step\\(\\)` has been overridden.*")
+        warnings.filterwarnings("ignore", message=".*Full backward hook is firing.*")
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        try:
+            yield
+        finally:
+            logger.setLevel(level)
+
+
+def classification_evaluator(model: nn.Module, data: DataSplit, *, batch_size: int = 64, lr: float = 1e-3,
+                             seed: int = 0, eval_split: str = "test") -> TorchEvaluator:
+    """A TorchEvaluator that fine-tunes `model` with Adam on `data.train_*` (cross-entropy)
+    and reports accuracy on `eval_split` from `evaluating_func`. PtqQuantizer calibrates
+    through `evaluating_func`, so it gets ``eval_split="train"`` (no test data in calibration).
+
+    Example:
+        >>> ev = classification_evaluator(model, load_digits_split())  # doctest: +SKIP
+        >>> TaylorPruner(model, config_list, ev, training_steps=20)    # doctest: +SKIP
+    """
+    def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        g = torch.Generator().manual_seed(seed)
+        while True:
+            order = torch.randperm(len(data.train_x), generator=g)
+            for i in range(0, len(order), batch_size):
+                idx = order[i:i + batch_size]
+                yield data.train_x[idx], data.train_y[idx]
+
+    def training_step(batch: tuple[torch.Tensor, torch.Tensor], model: nn.Module) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(model(x), y)
+
+    def training_func(model: nn.Module, optimizers: Any, training_step: Any, lr_schedulers: Any = None,
+                      max_steps: int | None = None, max_epochs: int | None = None) -> None:
+        steps_per_epoch = -(-len(data.train_x) // batch_size)
+        if max_steps is None:
+            max_steps = (max_epochs or 1) * steps_per_epoch
+        elif max_epochs is not None:
+            max_steps = min(max_steps, max_epochs * steps_per_epoch)
+        model.train()
+        stream = batches()
+        for _ in range(max_steps):
+            optimizers.zero_grad()
+            training_step(next(stream), model).backward()
+            optimizers.step()
+            if lr_schedulers is not None:
+                lr_schedulers.step()
+
+    if eval_split not in ("train", "test"):
+        raise ValueError(f"eval_split must be 'train' or 'test', got {eval_split!r}")
+    eval_x, eval_y = (data.train_x, data.train_y) if eval_split == "train" else (data.test_x, data.test_y)
+
+    def evaluating_func(model: nn.Module) -> float:
+        return evaluate(model, eval_x, eval_y)
+
+    optimizer = nni.trace(torch.optim.Adam)(model.parameters(), lr=lr)
+    return TorchEvaluator(training_func, optimizer, training_step, evaluating_func=evaluating_func)
+
+
+def resolve_evaluator(model: nn.Module, evaluator: Any, eval_split: str = "test") -> Any:
+    """`evaluator` itself, or a classification evaluator when given a `DataSplit`."""
+    if isinstance(evaluator, DataSplit):
+        return classification_evaluator(model, evaluator, eval_split=eval_split)
+    return evaluator

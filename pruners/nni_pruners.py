@@ -1,0 +1,167 @@
+"""Adapters for NNI 3.0's pruners: run one, read its masks, leave the model unwrapped.
+
+NNI wraps modules when a pruner is constructed and `unwrap_model()` restores the
+unmasked weights, so the weights come back as they were (plus whatever training the
+pruner did); the pruning lives in the returned masks, and so in the TeSATable.
+SlimPruner's wrapped forward also multiplies by its learned `weight_slim_factor`; we fold
+that factor into the weight so the unwrapped model computes what NNI trained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from nni.compression.pruning import (AGPPruner, FPGMPruner, L1NormPruner, L2NormPruner, LevelPruner, LinearPruner,
+                                     MovementPruner, SlimPruner, TaylorPruner)
+from torch import nn
+
+from sparta_explore.errors import ConfigError
+from sparta_explore.pruners.nni_evaluator import quiet_nni, resolve_evaluator
+from sparta_explore.pruners.registry import Masks, register_pruner
+from sparta_explore.pruners.selection import select_modules
+
+
+@dataclass(frozen=True)
+class NNIPruneConfig:
+    """What to prune with an NNI pruner, as one flat, JSON-friendly record.
+
+    `granularity` is NNI's: "default" (whole output rows/filters for norm pruners,
+    elements for Level), "in_channel", "out_channel", or a block such as (1, 4).
+    `training_steps` drives the pruners that train (Taylor, Slim, Movement, AGP, Linear);
+    `schedule_times` is how many steps AGP/Linear take to reach `sparsity`.
+
+    Example:
+        >>> NNIPruneConfig(0.5, op_types=("Linear",)).to_config_list()
+        [{'op_types': ['Linear'], 'sparse_ratio': 0.5, 'granularity': 'default'}]
+    """
+
+    sparsity: float
+    op_types: tuple[str, ...] = ("Linear", "Conv2d")
+    op_names: tuple[str, ...] | None = None
+    exclude_op_names: tuple[str, ...] = ()
+    granularity: str | tuple[int, ...] = "default"
+    training_steps: int = 20
+    schedule_times: int = 4
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.sparsity < 1.0:
+            raise ConfigError(f"sparsity must be in [0, 1), got {self.sparsity}")
+        if isinstance(self.granularity, str):
+            if self.granularity not in ("default", "in_channel", "out_channel"):
+                raise ConfigError(f"granularity must be 'default', 'in_channel', 'out_channel' or a block "
+                                  f"tuple, got {self.granularity!r}")
+        elif not all(isinstance(g, int) and g >= 1 for g in self.granularity):
+            raise ConfigError(f"granularity block must be positive ints, got {self.granularity!r}")
+        if self.training_steps < 1:
+            raise ConfigError(f"training_steps must be >= 1, got {self.training_steps}")
+        if self.schedule_times < 1:
+            raise ConfigError(f"schedule_times must be >= 1, got {self.schedule_times}")
+
+    def to_config_list(self) -> list[dict[str, Any]]:
+        """The equivalent NNI config_list."""
+        entry: dict[str, Any] = {"op_types": list(self.op_types), "sparse_ratio": float(self.sparsity),
+                                 "granularity": self.granularity if isinstance(self.granularity, str)
+                                 else list(self.granularity)}
+        if self.op_names is not None:
+            entry["op_names"] = list(self.op_names)
+        if self.exclude_op_names:
+            entry["exclude_op_names"] = list(self.exclude_op_names)
+        return [entry]
+
+
+def _config_list(model: nn.Module, config: NNIPruneConfig | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if isinstance(config, list):
+        return config
+    # checked here so a typo in op_names is our clear error, not NNI's silent no-op
+    select_modules(model, config.op_types, config.op_names, config.exclude_op_names)
+    return config.to_config_list()
+
+
+def _steps(config: NNIPruneConfig | list) -> NNIPruneConfig:
+    return config if isinstance(config, NNIPruneConfig) else NNIPruneConfig(0.0)
+
+
+def _run(pruner: Any, compress: Callable[[], Any], fold_slim: bool = False) -> Masks:
+    """Compress, read the masks, unwrap; NNI's module wrappers never leak out."""
+    try:
+        compress()
+        masks = {m: {t: v.detach().clone() for t, v in d.items()} for m, d in pruner.get_masks().items()}
+        factors = {}
+        if fold_slim:
+            for name, wrapper in pruner._module_wrappers.items():
+                factor = getattr(wrapper, "weight_slim_factor", None)
+                if factor is not None:
+                    factors[name] = factor.detach().clone()
+    finally:
+        pruner.unwrap_model()
+    if factors:
+        model = pruner.bound_model
+        with torch.no_grad():
+            for name, factor in factors.items():
+                weight = model.get_submodule(name).weight
+                weight.mul_(factor.to(weight.dtype).expand_as(weight))
+    return masks
+
+
+def _one_shot(cls: type) -> Callable[[nn.Module, Any, Any], Masks]:
+    def run(model: nn.Module, config: Any, evaluator: Any = None) -> Masks:
+        with quiet_nni():
+            pruner = cls(model, _config_list(model, config))
+            return _run(pruner, pruner.compress)
+    run.__doc__ = f"Masks from NNI's {cls.__name__} (one shot, no training)."
+    return run
+
+
+for _name, _cls in (("level", LevelPruner), ("l1norm", L1NormPruner), ("l2norm", L2NormPruner),
+                    ("fpgm", FPGMPruner)):
+    register_pruner(_name, config_type=NNIPruneConfig, accepts_config_list=True)(_one_shot(_cls))
+
+
+@register_pruner("taylor", config_type=NNIPruneConfig, needs_evaluator=True, accepts_config_list=True)
+def taylor_masks(model: nn.Module, config: Any, evaluator: Any) -> Masks:
+    """Masks from NNI's TaylorPruner (first-order saliency over `training_steps` steps)."""
+    with quiet_nni():
+        pruner = TaylorPruner(model, _config_list(model, config), resolve_evaluator(model, evaluator),
+                              training_steps=_steps(config).training_steps)
+        return _run(pruner, pruner.compress)
+
+
+@register_pruner("slim", config_type=NNIPruneConfig, needs_evaluator=True, accepts_config_list=True)
+def slim_masks(model: nn.Module, config: Any, evaluator: Any) -> Masks:
+    """Masks from NNI's SlimPruner (L1-regularised scaling factors, usually on BatchNorm)."""
+    with quiet_nni():
+        pruner = SlimPruner(model, _config_list(model, config), resolve_evaluator(model, evaluator),
+                            training_steps=_steps(config).training_steps, regular_scale=1.0)
+        return _run(pruner, pruner.compress, fold_slim=True)
+
+
+@register_pruner("movement", config_type=NNIPruneConfig, needs_evaluator=True, accepts_config_list=True)
+def movement_masks(model: nn.Module, config: Any, evaluator: Any) -> Masks:
+    """Masks from NNI's MovementPruner (scores learned while fine-tuning)."""
+    steps = max(_steps(config).training_steps, 4)
+    with quiet_nni():
+        # warm-up for the first quarter, scores frozen from three quarters on (NNI asserts the order)
+        pruner = MovementPruner(model, _config_list(model, config), resolve_evaluator(model, evaluator),
+                                warmup_step=steps // 4, cooldown_begin_step=(3 * steps) // 4, regular_scale=1.0)
+        return _run(pruner, lambda: pruner.compress(max_steps=steps, max_epochs=None))
+
+
+def _scheduled(cls: type) -> Callable[[nn.Module, Any, Any], Masks]:
+    def run(model: nn.Module, config: Any, evaluator: Any) -> Masks:
+        cfg = _steps(config)
+        interval = max(1, cfg.training_steps // cfg.schedule_times)
+        with quiet_nni():
+            pruner = cls(L1NormPruner(model, _config_list(model, config)), interval_steps=interval,
+                         total_times=cfg.schedule_times, evaluator=resolve_evaluator(model, evaluator))
+            return _run(pruner, lambda: pruner.compress(max_steps=interval * cfg.schedule_times, max_epochs=None))
+    run.__doc__ = f"Masks from NNI's {cls.__name__} over L1NormPruner, reaching `sparsity` in `schedule_times` steps."
+    return run
+
+
+register_pruner("agp", config_type=NNIPruneConfig, needs_evaluator=True, accepts_config_list=True)(
+    _scheduled(AGPPruner))
+register_pruner("linear", config_type=NNIPruneConfig, needs_evaluator=True, accepts_config_list=True)(
+    _scheduled(LinearPruner))

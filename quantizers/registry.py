@@ -1,0 +1,161 @@
+"""The quantizer registry and `quantize`, the one entry point for every quantizer.
+
+A quantizer is a function `(model, config, evaluator) -> QuantBits`, with QuantBits
+`{module FQN: {target: (bits, NumberFormat)}}` and targets as NNI names them: "weight",
+"bias", "_input_0", "_output_0". `quantize` turns them into a `TeSATable`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from sparta_explore.errors import ConfigError
+from sparta_explore.graph import Graph, capture
+from sparta_explore.pruners.registry import coerce_config
+from sparta_explore.tesa import NumberFormat, TeSA
+from sparta_explore.tesa_table import TeSATable
+
+QuantBits = dict[str, dict[str, tuple[int, NumberFormat]]]
+QuantizerFn = Callable[[nn.Module, Any, Any], QuantBits]
+
+
+@dataclass(frozen=True)
+class QuantizerEntry:
+    """One registered quantizer: its function, config dataclass, and whether it trains."""
+
+    name: str
+    fn: QuantizerFn
+    config_type: type | None
+    needs_evaluator: bool
+    accepts_config_list: bool
+
+
+_QUANTIZERS: dict[str, QuantizerEntry] = {}
+
+
+def register_quantizer(name: str, *, config_type: type | None = None, needs_evaluator: bool = False,
+                       accepts_config_list: bool = False) -> Callable[[QuantizerFn], QuantizerFn]:
+    """Decorator adding a quantizer under `name` ("qat", "ptq", "uniform", ...)."""
+    def add(fn: QuantizerFn) -> QuantizerFn:
+        if name in _QUANTIZERS:
+            raise ConfigError(f"quantizer {name!r} is already registered")
+        _QUANTIZERS[name] = QuantizerEntry(name, fn, config_type, needs_evaluator, accepts_config_list)
+        return fn
+    return add
+
+
+def quantizer_names() -> list[str]:
+    """Names accepted by `quantize(..., quantizer=...)`."""
+    return list(_QUANTIZERS)
+
+
+def get_quantizer(name: str) -> QuantizerEntry:
+    """The registered quantizer `name`; an unknown name is a `ConfigError` listing the choices."""
+    key = name.lower().replace("_", "").replace("-", "")
+    key = key[:-9] if key.endswith("quantizer") else key
+    if key not in _QUANTIZERS:
+        raise ConfigError(f"unknown quantizer {name!r}; choose one of {', '.join(_QUANTIZERS)}")
+    return _QUANTIZERS[key]
+
+
+def parse_quant_dtype(dtype: str | None) -> tuple[int, NumberFormat]:
+    """NNI's quant_dtype ("int8", "uint4"; None means int8) as (bits, format).
+
+    Example:
+        >>> parse_quant_dtype("uint4")
+        (4, <NumberFormat.UINT: 1>)
+    """
+    if dtype is None:
+        return 8, NumberFormat.INT
+    for prefix, fmt in (("uint", NumberFormat.UINT), ("int", NumberFormat.INT)):
+        if dtype.startswith(prefix) and dtype[len(prefix):].isdigit():
+            bits = int(dtype[len(prefix):])
+            if 1 <= bits <= 32:
+                return bits, fmt
+    raise ConfigError(f"quant_dtype must look like 'int8' or 'uint4' (1..32 bits), got {dtype!r}")
+
+
+def _activation_shape(graph: Graph, name: str) -> tuple[int, ...]:
+    shape = graph.tensors[name].shape
+    return (1, *shape[1:]) if shape else shape  # batch dim kept at 1: the attribute is per example
+
+
+def bits_to_table(source: Graph | nn.Module, bits: Mapping[str, Mapping[str, tuple[int, NumberFormat]]]
+                  ) -> TeSATable:
+    """A TeSATable with every parameter (32-bit float unless quantized) and the quantized activations.
+
+    Activation targets ("_input_0", "_output_0") need `source` to be a captured Graph,
+    which names the tensor flowing into / out of each call of the module.
+
+    Example:
+        >>> bits_to_table(graph, {"fc1": {"weight": (8, NumberFormat.INT)}})  # doctest: +SKIP
+    """
+    graph = source if isinstance(source, Graph) else None
+    model = graph.root if graph is not None else source
+    params = dict(model.named_parameters(remove_duplicate=False))
+    table = TeSATable({n: TeSA.dense(p.shape) for n, p in params.items()},
+                      shapes=graph.shapes() if graph is not None else None)
+    for module, targets in bits.items():
+        for target, (nbits, fmt) in targets.items():
+            if not target.startswith("_"):
+                name = f"{module}.{target}"
+                if name not in params:
+                    raise ConfigError(f"quantized target {name!r} is not a parameter of {type(model).__name__}")
+                table[name] = table[name].merge(TeSA.dense(params[name].shape, bits=nbits, fmt=fmt))
+                continue
+            if graph is None:
+                raise ConfigError(f"quantizing {target!r} of {module!r} needs the captured graph to name the "
+                                  "activation: pass graph= or example_inputs=")
+            for name in _activation_names(graph, module, target):
+                tesa = TeSA.dense(_activation_shape(graph, name), bits=nbits, fmt=fmt)
+                table[name] = table[name].merge(tesa) if name in table else tesa
+    return table
+
+
+def _activation_names(graph: Graph, module: str, target: str) -> list[str]:
+    kind, _, index = target.strip("_").partition("_")
+    calls = graph.module_nodes(module)
+    if not calls:
+        raise ConfigError(f"module {module!r} is never called in the captured graph")
+    names = []
+    for node in calls:
+        if kind == "output":
+            names.append(node.name)
+        elif kind == "input":
+            k = int(index or 0)
+            if k >= len(node.args) or not isinstance(node.args[k], torch.fx.Node):
+                raise ConfigError(f"{module!r} has no tensor input {k} (target {target!r})")
+            names.append(graph.tensor_name(node.args[k]))
+        else:
+            raise ConfigError(f"unknown quantization target {target!r} of {module!r}")
+    return [n for n in names if n in graph.tensors]
+
+
+def quantize(model: nn.Module, config: Any, quantizer: str = "qat", evaluator: Any = None, *,
+             graph: Graph | None = None, example_inputs: Any = None) -> TeSATable:
+    """Quantize `model` with quantizer `quantizer`; return the bit widths as a TeSATable.
+
+    Merge the result with a pruning table (`prune_table.merge(q_table)`) so pruned
+    elements stay pruned and kept ones take the quantized bits.
+
+    Example:
+        >>> q = quantize(model, NNIQuantConfig(bits=8), "qat", evaluator=load_digits_split(),
+        ...              example_inputs=x)  # doctest: +SKIP
+    """
+    entry = get_quantizer(quantizer)
+    if entry.needs_evaluator and evaluator is None:
+        raise ConfigError(f"quantizer {entry.name!r} trains or calibrates and needs an evaluator "
+                          "(an NNI Evaluator, or a DataSplit such as zoo.load_digits_split())")
+    if isinstance(config, list):
+        if not entry.accepts_config_list:
+            raise ConfigError(f"quantizer {entry.name!r} does not take an NNI config_list")
+    elif entry.config_type is not None:
+        config = coerce_config(config, entry.config_type, entry.name)
+    if graph is None and example_inputs is not None:
+        graph = capture(model, example_inputs)
+    return bits_to_table(graph if graph is not None else model, entry.fn(model, config, evaluator))
