@@ -7,11 +7,19 @@ Example:
 """
 
 from sparta_explore.pruners.block import BlockPruneConfig, block_magnitude_masks
+from sparta_explore.pruners.nm import NMPruneConfig, nm_mask, nm_masks
 from sparta_explore.pruners.nni_evaluator import classification_evaluator
 from sparta_explore.pruners.nni_pruners import NNIPruneConfig
-from sparta_explore.pruners.nm import NMPruneConfig, nm_mask, nm_masks
-from sparta_explore.pruners.registry import (Masks, from_nni_masks, get_pruner, masks_to_table, prune, pruner_names,
-                                             register_pruner)
+from sparta_explore.pruners.registry import (
+                                             Masks,
+                                             from_nni_masks,
+                                             get_pruner,
+                                             masks_to_table,
+                                             prune,
+                                             pruner_names,
+                                             register_pruner,
+)
 
-__all__ = ["BlockPruneConfig", "Masks", "NMPruneConfig", "NNIPruneConfig", "classification_evaluator", "block_magnitude_masks", "from_nni_masks", "get_pruner",
-           "masks_to_table", "nm_mask", "nm_masks", "prune", "pruner_names", "register_pruner"]
+__all__ = ["BlockPruneConfig", "Masks", "NMPruneConfig", "NNIPruneConfig", "block_magnitude_masks",
+           "classification_evaluator", "from_nni_masks", "get_pruner", "masks_to_table", "nm_mask", "nm_masks", "prune",
+           "pruner_names", "register_pruner"]

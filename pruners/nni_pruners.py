@@ -14,14 +14,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from nni.compression.pruning import (AGPPruner, FPGMPruner, L1NormPruner, L2NormPruner, LevelPruner, LinearPruner,
-                                     MovementPruner, SlimPruner, TaylorPruner)
-from torch import nn
-
-from sparta_explore.errors import ConfigError
+from nni.compression.pruning import (
+    AGPPruner,
+    FPGMPruner,
+    L1NormPruner,
+    L2NormPruner,
+    LevelPruner,
+    LinearPruner,
+    MovementPruner,
+    SlimPruner,
+    TaylorPruner,
+)
 from sparta_explore.pruners.nni_evaluator import quiet_nni, resolve_evaluator
 from sparta_explore.pruners.registry import Masks, register_pruner
 from sparta_explore.pruners.selection import select_modules
+from torch import nn
+
+from sparta_explore.errors import ConfigError
 
 
 @dataclass(frozen=True)

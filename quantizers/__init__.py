@@ -7,8 +7,15 @@ Example:
 """
 
 from sparta_explore.quantizers.nni_quantizers import NNIQuantConfig
-from sparta_explore.quantizers.registry import (QuantBits, bits_to_table, get_quantizer, parse_quant_dtype, quantize,
-                                                quantizer_names, register_quantizer)
+from sparta_explore.quantizers.registry import (
+                                                QuantBits,
+                                                bits_to_table,
+                                                get_quantizer,
+                                                parse_quant_dtype,
+                                                quantize,
+                                                quantizer_names,
+                                                register_quantizer,
+)
 from sparta_explore.quantizers.uniform import UniformQuantConfig, uniform_bits
 
 __all__ = ["NNIQuantConfig", "QuantBits", "UniformQuantConfig", "bits_to_table", "get_quantizer", "parse_quant_dtype",

@@ -15,8 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from sparta_explore.errors import (CaptureError, ConfigError, SpartaError, TeSABitsError, TeSANameError,
-                                   TeSAShapeError)
+from sparta_explore.errors import CaptureError, ConfigError, SpartaError, TeSABitsError, TeSANameError, TeSAShapeError
 from sparta_explore.graph import Graph, TensorInfo, capture
 from sparta_explore.masking import apply_table, masked_copy
 from sparta_explore.tesa import MAX_BITS, NumberFormat, TeSA

@@ -150,7 +150,8 @@ def test_block_shape_errors():
 
 def test_check_fits_names_the_tensor():
     t = TeSA.dense((3072, 512))
-    with pytest.raises(TeSAShapeError, match=r"'encoder.0.ffn.fc1.weight' has shape \(3072, 512\), tensor has \(3072, 768\)"):
+    expected = r"'encoder.0.ffn.fc1.weight' has shape \(3072, 512\), tensor has \(3072, 768\)"
+    with pytest.raises(TeSAShapeError, match=expected):
         t.check_fits((3072, 768), "encoder.0.ffn.fc1.weight")
     assert TeSA.dense((1, 1, 8)).fits((32, 128, 8))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -56,8 +57,12 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
     return correct / len(x) if len(x) else 0.0
 
 
-def train(model: nn.Module, data: DataSplit, config: TrainConfig = TrainConfig()) -> float:
+def train(model: nn.Module, data: DataSplit, config: TrainConfig = TrainConfig(),
+          after_step: Callable[[nn.Module], None] | None = None) -> float:
     """Train `model` in place on `data.train_*`; returns test accuracy.
+
+    `after_step(model)` runs after every optimizer step (e.g. re-applying pruning masks,
+    so fine-tuning never revives a pruned weight).
 
     Example:
         >>> train(DigitsMLP(), load_digits_split(), TrainConfig(epochs=5))  # doctest: +SKIP
@@ -77,6 +82,8 @@ def train(model: nn.Module, data: DataSplit, config: TrainConfig = TrainConfig()
             loss.backward()
             opt.step()
             sched.step()
+            if after_step is not None:
+                after_step(model)
     model.eval()
     return evaluate(model, data.test_x, data.test_y)
 

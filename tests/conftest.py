@@ -1,0 +1,25 @@
+"""Shared fixtures: one trained-weights cache per test session, the digits split, small models."""
+
+import pytest
+
+from sparta_explore.zoo import load_digits_split, pretrained
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    """A private cache for the session: tests never read or write the user's cache."""
+    return tmp_path_factory.mktemp("sparta-cache")
+
+
+@pytest.fixture(scope="session")
+def digits():
+    return load_digits_split()
+
+
+@pytest.fixture
+def trained(cache_dir, digits):
+    """A fresh copy of a trained digits model, by name (training happens once per session)."""
+    def load(name):
+        model, _ = pretrained(name, cache_dir=cache_dir, data=digits)
+        return model
+    return load
