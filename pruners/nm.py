@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from sparta_explore.pruners.registry import Masks, register_pruner
-from sparta_explore.pruners.selection import as_matrix_shape, select_modules
 from torch import nn
 
 from sparta_explore.errors import ConfigError
+from sparta_explore.pruners.registry import Masks, register_pruner
+from sparta_explore.pruners.selection import as_matrix_shape, select_modules
 
 
 @dataclass(frozen=True)

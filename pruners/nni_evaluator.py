@@ -85,7 +85,13 @@ def classification_evaluator(model: nn.Module, data: DataSplit, *, batch_size: i
     def evaluating_func(model: nn.Module) -> float:
         return evaluate(model, eval_x, eval_y)
 
-    optimizer = nni.trace(torch.optim.Adam)(model.parameters(), lr=lr)
+    # NNI 3.0 cannot name a root-level parameter (e.g. a position embedding) when it adds
+    # quantizer parameters to a param group (IndexError in find_param_group); it stops at
+    # the first group holding the module, so root-level parameters go in a second group.
+    nested = [p for n, p in model.named_parameters() if "." in n]
+    root = [p for n, p in model.named_parameters() if "." not in n]
+    groups = [{"params": nested}] + ([{"params": root}] if root else [])
+    optimizer = nni.trace(torch.optim.Adam)(groups, lr=lr)
     return TorchEvaluator(training_func, optimizer, training_step, evaluating_func=evaluating_func)
 
 

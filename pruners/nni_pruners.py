@@ -25,12 +25,12 @@ from nni.compression.pruning import (
     SlimPruner,
     TaylorPruner,
 )
-from sparta_explore.pruners.nni_evaluator import quiet_nni, resolve_evaluator
-from sparta_explore.pruners.registry import Masks, register_pruner
-from sparta_explore.pruners.selection import select_modules
 from torch import nn
 
 from sparta_explore.errors import ConfigError
+from sparta_explore.pruners.nni_evaluator import quiet_nni, resolve_evaluator
+from sparta_explore.pruners.registry import Masks, register_pruner
+from sparta_explore.pruners.selection import select_modules
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,9 @@ def _run(pruner: Any, compress: Callable[[], Any], fold_slim: bool = False) -> M
     """Compress, read the masks, unwrap; NNI's module wrappers never leak out."""
     try:
         compress()
-        masks = {m: {t: v.detach().clone() for t, v in d.items()} for m, d in pruner.get_masks().items()}
+        # bias-free modules (conv with bias=False) report a None mask for "bias"
+        masks = {m: {t: v.detach().clone() for t, v in d.items() if v is not None}
+                 for m, d in pruner.get_masks().items()}
         factors = {}
         if fold_slim:
             for name, wrapper in pruner._module_wrappers.items():

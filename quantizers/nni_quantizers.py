@@ -23,13 +23,13 @@ from typing import Any
 
 import torch
 from nni.compression.quantization import BNNQuantizer, LsqQuantizer, PtqQuantizer, QATQuantizer
+from torch import nn
+
+from sparta_explore.errors import ConfigError
 from sparta_explore.pruners.nni_evaluator import quiet_nni, resolve_evaluator
 from sparta_explore.pruners.selection import select_modules
 from sparta_explore.quantizers.dorefa import SafeDoReFaQuantizer
 from sparta_explore.quantizers.registry import QuantBits, parse_quant_dtype, register_quantizer
-from torch import nn
-
-from sparta_explore.errors import ConfigError
 from sparta_explore.tesa import NumberFormat
 
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from sparta_explore.pruners.registry import coerce_config
 from torch import nn
 
 from sparta_explore.errors import ConfigError
 from sparta_explore.graph import Graph, capture
+from sparta_explore.pruners.registry import coerce_config
 from sparta_explore.tesa import NumberFormat, TeSA
 from sparta_explore.tesa_table import TeSATable
 

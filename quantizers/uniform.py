@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sparta_explore.pruners.selection import select_modules
-from sparta_explore.quantizers.registry import QuantBits, register_quantizer
 from torch import nn
 
 from sparta_explore.errors import ConfigError
+from sparta_explore.pruners.selection import select_modules
+from sparta_explore.quantizers.registry import QuantBits, register_quantizer
 from sparta_explore.tesa import NumberFormat
 
 _TARGETS = ("weight", "bias", "_input_", "_output_")

@@ -7,6 +7,9 @@ meaning kept at that many bits, and a number format (float, int, uint, bfloat).
 `merge` is the meet of a semilattice: pruned wins, fewer bits win. It is the lexicographic
 minimum of the pair (bits, format rank), with pruned elements normalised to one format, so
 it is commutative, associative and idempotent; that is why propagation terminates.
+
+Storage: one uint8 per element, ``key = bits * 4 + format rank`` (at most 131), so the
+meet is a single elementwise `torch.minimum` and pruned is ``key == 0``.
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ class TeSA:
         {0: 1, 4: 3}
     """
 
-    __slots__ = ("_bits", "_fmt")
+    __slots__ = ("_key",)
     __hash__ = None  # mutable tensors inside; equality is by value
 
     def __init__(self, bits: torch.Tensor, fmt: torch.Tensor | NumberFormat | str = NumberFormat.FLOAT,
@@ -104,12 +107,19 @@ class TeSA:
             if fmt.numel() and int(fmt.max()) > max(NumberFormat):
                 raise TeSABitsError(f"{name}: unknown number format code {int(fmt.max())}")
             fmt = fmt.detach().to(device="cpu", dtype=torch.uint8)
+            key = bits * 4 + fmt
         else:
-            fmt = torch.full(bits.shape, int(NumberFormat.parse(fmt)), dtype=torch.uint8)
+            key = bits * 4 + int(NumberFormat.parse(fmt))
         # Pruned elements carry no format; normalising them keeps merge a true meet and
         # makes equality ignore what a pruned element "was".
-        self._fmt = torch.where(bits == 0, torch.zeros_like(fmt), fmt)
-        self._bits = bits
+        self._key = key.masked_fill_(bits == 0, 0)
+
+    @classmethod
+    def _from_key(cls, key: torch.Tensor) -> TeSA:
+        """Wrap an already valid key tensor (internal fast path: no checks, no copy)."""
+        out = cls.__new__(cls)
+        out._key = key
+        return out
 
     # ---- constructors -------------------------------------------------------------
     @classmethod
@@ -142,47 +152,51 @@ class TeSA:
     # ---- views -------------------------------------------------------------------
     @property
     def bits(self) -> torch.Tensor:
-        """uint8 tensor of bit widths; 0 means pruned. A copy: TeSAs are immutable."""
-        return self._bits.clone()
+        """uint8 tensor of bit widths; 0 means pruned. A new tensor: TeSAs are immutable."""
+        return self._key >> 2
 
     @property
     def fmt(self) -> torch.Tensor:
         """uint8 tensor of `NumberFormat` codes (0 where pruned)."""
-        return self._fmt.clone()
+        return self._key & 3
 
     @property
     def pruned(self) -> torch.Tensor:
         """bool tensor, True where the element is pruned."""
-        return self._bits == 0
+        return self._key == 0
 
     @property
     def kept(self) -> torch.Tensor:
         """bool tensor, True where the element is kept."""
-        return self._bits != 0
+        return self._key != 0
 
     @property
     def shape(self) -> Shape:
-        return tuple(self._bits.shape)
+        return tuple(self._key.shape)
 
     @property
     def numel(self) -> int:
-        return self._bits.numel()
+        return self._key.numel()
+
+    def _key_counts(self) -> list[int]:
+        # bincount over the 132 possible keys: one pass, no sort (torch.unique sorts)
+        return torch.bincount(self._key.flatten().to(torch.int32), minlength=MAX_BITS * 4 + 4).tolist()
 
     @property
     def sparsity(self) -> float:
         """Fraction of pruned elements (0.0 for an empty tensor)."""
-        n = self._bits.numel()
-        return float((self._bits == 0).sum()) / n if n else 0.0
+        n = self._key.numel()
+        return float((self._key == 0).sum()) / n if n else 0.0
 
     @property
     def density(self) -> float:
         """Fraction of kept elements."""
-        return 1.0 - self.sparsity if self._bits.numel() else 0.0
+        return 1.0 - self.sparsity if self._key.numel() else 0.0
 
     def formats(self) -> set[NumberFormat]:
         """The number formats used by kept elements."""
-        codes = torch.unique(self._fmt[self.kept]).tolist()
-        return {NumberFormat(c) for c in codes}
+        counts = self._key_counts()
+        return {NumberFormat(k & 3) for k, c in enumerate(counts) if c and k >= 4}
 
     def kept_bits(self) -> list[int]:
         """Sorted distinct bit widths among kept elements.
@@ -191,7 +205,7 @@ class TeSA:
             >>> TeSA(torch.tensor([0, 4, 8, 8])).kept_bits()
             [4, 8]
         """
-        return [b for b in torch.unique(self._bits).tolist() if b]
+        return [b for b, c in self.bit_histogram().items() if b and c]
 
     def bit_histogram(self) -> dict[int, int]:
         """Number of elements per bit width, pruned elements under 0, ordered by width.
@@ -200,12 +214,17 @@ class TeSA:
             >>> TeSA(torch.tensor([0, 8, 8])).bit_histogram()
             {0: 1, 8: 2}
         """
-        values, counts = torch.unique(self._bits, return_counts=True)
-        return {int(v): int(c) for v, c in zip(values.tolist(), counts.tolist())}
+        counts = self._key_counts()
+        hist: dict[int, int] = {}
+        for key, c in enumerate(counts):
+            if c:
+                hist[key >> 2] = hist.get(key >> 2, 0) + c
+        return hist
 
     def mean_bits(self) -> float:
         """Average bit width over all elements (pruned count as 0): storage per element."""
-        return float(self._bits.float().mean()) if self._bits.numel() else 0.0
+        n = self._key.numel()
+        return sum(b * c for b, c in self.bit_histogram().items()) / n if n else 0.0
 
     # ---- blocks ------------------------------------------------------------------
     def block_mask(self, block: Sequence[int]) -> torch.Tensor:
@@ -221,9 +240,9 @@ class TeSA:
         """
         block = tuple(int(b) for b in block)
         nd = len(block)
-        if nd == 0 or nd > self._bits.dim() or any(b < 1 for b in block):
+        if nd == 0 or nd > self._key.dim() or any(b < 1 for b in block):
             raise TeSAShapeError(
-                f"block {block} does not fit a TeSA of shape {self.shape}: need 1..{self._bits.dim()} "
+                f"block {block} does not fit a TeSA of shape {self.shape}: need 1..{self._key.dim()} "
                 "positive sizes for the trailing dims")
         kept = self.kept
         lead, tail = kept.shape[: kept.dim() - nd], kept.shape[kept.dim() - nd:]
@@ -250,9 +269,6 @@ class TeSA:
         return float(grid.float().mean()) if grid.numel() else 0.0
 
     # ---- algebra -----------------------------------------------------------------
-    def _key(self) -> torch.Tensor:
-        return self._bits.to(torch.int16) * 4 + self._fmt.to(torch.int16)
-
     def merge(self, other: TeSA) -> TeSA:
         """Meet of two attributes: pruned wins, then fewer bits, then the lower-ranked format.
 
@@ -265,14 +281,16 @@ class TeSA:
         if not isinstance(other, TeSA):
             raise TypeError(f"TeSA.merge needs a TeSA, got {type(other).__name__}")
         try:
-            key = torch.minimum(self._key(), other._key())
+            return TeSA._from_key(torch.minimum(self._key, other._key))
         except RuntimeError:
             raise TeSAShapeError(f"cannot merge TeSAs of shapes {self.shape} and {other.shape}") from None
-        return TeSA((key // 4).to(torch.uint8), (key % 4).to(torch.uint8))
 
     def prune(self, mask: torch.Tensor) -> TeSA:
         """A copy with the elements where `mask` is True also pruned."""
-        return self.merge(TeSA.from_mask(~mask.bool(), bits=MAX_BITS, fmt=NumberFormat.FLOAT))
+        try:
+            return TeSA._from_key(self._key.masked_fill(mask.bool().cpu(), 0))
+        except RuntimeError:
+            raise TeSAShapeError(f"prune mask of shape {tuple(mask.shape)} does not fit TeSA {self.shape}") from None
 
     def with_bits(self, bits: int, fmt: NumberFormat | str | None = None) -> TeSA:
         """A copy whose kept elements all use `bits` bits (and `fmt`, if given); pruned stay pruned.
@@ -282,13 +300,16 @@ class TeSA:
             {0: 1, 8: 1}
         """
         _check_bits(bits, "TeSA.with_bits")
-        new_fmt = self._fmt if fmt is None else torch.full_like(self._fmt, int(NumberFormat.parse(fmt)))
-        return TeSA(torch.where(self.kept, torch.full_like(self._bits, bits), self._bits), new_fmt)
+        if fmt is None:
+            key = (self._key & 3) + bits * 4
+        else:
+            key = torch.full_like(self._key, bits * 4 + int(NumberFormat.parse(fmt)))
+        return TeSA._from_key(key.masked_fill_(self.pruned, 0) if bits else torch.zeros_like(self._key))
 
     def expand(self, shape: Sequence[int]) -> TeSA:
         """Broadcast size-1 dims to `shape` (for activations kept at batch size 1)."""
         try:
-            return TeSA(self._bits.expand(tuple(shape)).contiguous(), self._fmt.expand(tuple(shape)).contiguous())
+            return TeSA._from_key(self._key.expand(tuple(shape)).contiguous())
         except RuntimeError:
             raise TeSAShapeError(f"TeSA of shape {self.shape} cannot broadcast to {tuple(shape)}") from None
 
@@ -305,8 +326,7 @@ class TeSA:
     # ---- comparison and display ----------------------------------------------------
     def equals(self, other: TeSA) -> bool:
         """Same shape, same bits and formats everywhere."""
-        return (isinstance(other, TeSA) and self.shape == other.shape
-                and torch.equal(self._bits, other._bits) and torch.equal(self._fmt, other._fmt))
+        return isinstance(other, TeSA) and self.shape == other.shape and torch.equal(self._key, other._key)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, TeSA) and self.equals(other)

@@ -2,12 +2,12 @@
 
 import pytest
 import torch
-from sparta_explore.pruners import BlockPruneConfig, block_magnitude_masks, prune
-from sparta_explore.pruners.block import block_scores
 from torch import nn
 
 from sparta_explore import TeSA
 from sparta_explore.errors import ConfigError
+from sparta_explore.pruners import BlockPruneConfig, block_magnitude_masks, prune
+from sparta_explore.pruners.block import block_scores
 
 
 def _linear(out_f, in_f, seed=0):

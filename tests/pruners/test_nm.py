@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from sparta_explore.pruners import NMPruneConfig, nm_mask, prune
 from torch import nn
 
 from sparta_explore.errors import ConfigError
+from sparta_explore.pruners import NMPruneConfig, nm_mask, prune
 
 
 @pytest.mark.parametrize("n,m", [(2, 4), (1, 4), (4, 8), (1, 2)])

@@ -5,11 +5,11 @@ import copy
 import pytest
 import torch
 from nni.compression.pruning import FPGMPruner, L1NormPruner, L2NormPruner, LevelPruner
-from sparta_explore.pruners import NNIPruneConfig, from_nni_masks, get_pruner, prune
-from sparta_explore.pruners.nni_evaluator import quiet_nni
 
 from sparta_explore import TeSA, capture
 from sparta_explore.errors import ConfigError
+from sparta_explore.pruners import NNIPruneConfig, from_nni_masks, get_pruner, prune
+from sparta_explore.pruners.nni_evaluator import quiet_nni
 
 MODELS = ["digits-mlp", "digits-cnn"]
 HEAD = {"digits-mlp": "head", "digits-cnn": "fc2"}
@@ -111,3 +111,13 @@ def test_from_nni_masks_rejects_unknown_modules(trained):
     model = trained("digits-mlp")
     with pytest.raises(ConfigError, match="layers.7"):
         from_nni_masks(model, {"layers.7": {"weight": torch.ones(3)}})
+
+
+@pytest.mark.parametrize("name", ["l1norm", "taylor"])
+def test_bias_free_convs_regression(trained, digits, name):
+    # NNI reports a None "bias" mask for conv layers built with bias=False (ResNet/MobileNet style)
+    model = trained("digits-resnet")
+    table = prune(model, NNIPruneConfig(0.5, exclude_op_names=("fc",), training_steps=4), pruner=name,
+                  evaluator=digits)
+    assert table["stem.0.weight"].sparsity == pytest.approx(0.5, abs=0.07)
+    assert "stem.0.bias" not in table

@@ -5,12 +5,12 @@ import copy
 import pytest
 import torch
 from nni.compression.quantization import QATQuantizer
-from sparta_explore.pruners import prune
-from sparta_explore.pruners.nni_evaluator import classification_evaluator, quiet_nni
-from sparta_explore.quantizers import NNIQuantConfig, bits_to_table, get_quantizer, parse_quant_dtype, quantize
 
 from sparta_explore import NumberFormat, capture
 from sparta_explore.errors import ConfigError
+from sparta_explore.pruners import prune
+from sparta_explore.pruners.nni_evaluator import classification_evaluator, quiet_nni
+from sparta_explore.quantizers import NNIQuantConfig, bits_to_table, get_quantizer, parse_quant_dtype, quantize
 
 MODELS = ["digits-mlp", "digits-cnn"]
 
@@ -108,3 +108,13 @@ def test_parse_quant_dtype(text, expected):
 def test_parse_quant_dtype_rejects(bad):
     with pytest.raises(ConfigError, match=bad):
         parse_quant_dtype(bad)
+
+
+@pytest.mark.parametrize("name", ["lsq", "qat"])
+def test_root_level_parameter_regression(trained, digits, name):
+    # NNI 3.0 crashes naming a root-level parameter (digits-transformer's `position`) when it
+    # adds quantizer parameters to the optimizer; our evaluator keeps such parameters apart.
+    model = trained("digits-transformer")
+    table = quantize(model, NNIQuantConfig(targets=("weight",), training_steps=2), name, evaluator=digits)
+    assert table["encoder.layers.0.attn.query.weight"].kept_bits() == [8]
+    assert table["position"].kept_bits() == [32]

@@ -2,11 +2,11 @@
 
 import pytest
 import torch
-from sparta_explore.quantizers import UniformQuantConfig, quantize
 from torch import nn
 
 from sparta_explore import NumberFormat, capture
 from sparta_explore.errors import ConfigError
+from sparta_explore.quantizers import UniformQuantConfig, quantize
 from sparta_explore.zoo import build_model, example_inputs
 
 
