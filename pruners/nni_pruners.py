@@ -30,7 +30,7 @@ from torch import nn
 from sparta_explore.errors import ConfigError
 from sparta_explore.pruners.nni_evaluator import quiet_nni, resolve_evaluator
 from sparta_explore.pruners.registry import Masks, register_pruner
-from sparta_explore.pruners.selection import select_modules
+from sparta_explore.pruners.selection import checked_config_list, nni_op_entry
 
 
 @dataclass(frozen=True)
@@ -71,22 +71,10 @@ class NNIPruneConfig:
 
     def to_config_list(self) -> list[dict[str, Any]]:
         """The equivalent NNI config_list."""
-        entry: dict[str, Any] = {"op_types": list(self.op_types), "sparse_ratio": float(self.sparsity),
-                                 "granularity": self.granularity if isinstance(self.granularity, str)
-                                 else list(self.granularity)}
-        if self.op_names is not None:
-            entry["op_names"] = list(self.op_names)
-        if self.exclude_op_names:
-            entry["exclude_op_names"] = list(self.exclude_op_names)
+        entry = nni_op_entry(self.op_types, self.op_names, self.exclude_op_names)
+        entry["sparse_ratio"] = float(self.sparsity)
+        entry["granularity"] = self.granularity if isinstance(self.granularity, str) else list(self.granularity)
         return [entry]
-
-
-def _config_list(model: nn.Module, config: NNIPruneConfig | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    if isinstance(config, list):
-        return config
-    # checked here so a typo in op_names is our clear error, not NNI's silent no-op
-    select_modules(model, config.op_types, config.op_names, config.exclude_op_names)
-    return config.to_config_list()
 
 
 def _steps(config: NNIPruneConfig | list) -> NNIPruneConfig:
@@ -120,7 +108,7 @@ def _run(pruner: Any, compress: Callable[[], Any], fold_slim: bool = False) -> M
 def _one_shot(cls: type) -> Callable[[nn.Module, Any, Any], Masks]:
     def run(model: nn.Module, config: Any, evaluator: Any = None) -> Masks:
         with quiet_nni():
-            pruner = cls(model, _config_list(model, config))
+            pruner = cls(model, checked_config_list(model, config))
             return _run(pruner, pruner.compress)
     run.__doc__ = f"Masks from NNI's {cls.__name__} (one shot, no training)."
     return run
@@ -135,7 +123,7 @@ for _name, _cls in (("level", LevelPruner), ("l1norm", L1NormPruner), ("l2norm",
 def taylor_masks(model: nn.Module, config: Any, evaluator: Any) -> Masks:
     """Masks from NNI's TaylorPruner (first-order saliency over `training_steps` steps)."""
     with quiet_nni():
-        pruner = TaylorPruner(model, _config_list(model, config), resolve_evaluator(model, evaluator),
+        pruner = TaylorPruner(model, checked_config_list(model, config), resolve_evaluator(model, evaluator),
                               training_steps=_steps(config).training_steps)
         return _run(pruner, pruner.compress)
 
@@ -144,7 +132,7 @@ def taylor_masks(model: nn.Module, config: Any, evaluator: Any) -> Masks:
 def slim_masks(model: nn.Module, config: Any, evaluator: Any) -> Masks:
     """Masks from NNI's SlimPruner (L1-regularised scaling factors, usually on BatchNorm)."""
     with quiet_nni():
-        pruner = SlimPruner(model, _config_list(model, config), resolve_evaluator(model, evaluator),
+        pruner = SlimPruner(model, checked_config_list(model, config), resolve_evaluator(model, evaluator),
                             training_steps=_steps(config).training_steps, regular_scale=1.0)
         return _run(pruner, pruner.compress, fold_slim=True)
 
@@ -155,7 +143,7 @@ def movement_masks(model: nn.Module, config: Any, evaluator: Any) -> Masks:
     steps = max(_steps(config).training_steps, 4)
     with quiet_nni():
         # warm-up for the first quarter, scores frozen from three quarters on (NNI asserts the order)
-        pruner = MovementPruner(model, _config_list(model, config), resolve_evaluator(model, evaluator),
+        pruner = MovementPruner(model, checked_config_list(model, config), resolve_evaluator(model, evaluator),
                                 warmup_step=steps // 4, cooldown_begin_step=(3 * steps) // 4, regular_scale=1.0)
         return _run(pruner, lambda: pruner.compress(max_steps=steps, max_epochs=None))
 
@@ -165,7 +153,7 @@ def _scheduled(cls: type) -> Callable[[nn.Module, Any, Any], Masks]:
         cfg = _steps(config)
         interval = max(1, cfg.training_steps // cfg.schedule_times)
         with quiet_nni():
-            pruner = cls(L1NormPruner(model, _config_list(model, config)), interval_steps=interval,
+            pruner = cls(L1NormPruner(model, checked_config_list(model, config)), interval_steps=interval,
                          total_times=cfg.schedule_times, evaluator=resolve_evaluator(model, evaluator))
             return _run(pruner, lambda: pruner.compress(max_steps=interval * cfg.schedule_times, max_epochs=None))
     run.__doc__ = f"Masks from NNI's {cls.__name__} over L1NormPruner, reaching `sparsity` in `schedule_times` steps."

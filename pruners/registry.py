@@ -16,56 +16,67 @@ from torch import nn
 
 from sparta_explore.errors import ConfigError
 from sparta_explore.graph import Graph, capture
+from sparta_explore.registry import Registry
 from sparta_explore.tesa import TeSA
 from sparta_explore.tesa_table import TeSATable
 
 Masks = dict[str, dict[str, torch.Tensor]]
-PrunerFn = Callable[[nn.Module, Any, Any], Masks]
+CompressorFn = Callable[[nn.Module, Any, Any], Any]
 
 
 @dataclass(frozen=True)
-class PrunerEntry:
-    """One registered pruner: its function, the config dataclass it takes, whether it trains."""
+class CompressorEntry:
+    """One registered pruner or quantizer: its function and how it is configured.
+
+    `config_type` is the config dataclass it takes (dicts are converted to it);
+    `needs_evaluator` marks compressors that train or calibrate; `accepts_config_list`
+    marks NNI compressors, which also take a raw NNI config_list.
+    """
 
     name: str
-    fn: PrunerFn
+    fn: CompressorFn
     config_type: type | None
     needs_evaluator: bool
     accepts_config_list: bool
 
+    def prepare(self, config: Any, evaluator: Any) -> Any:
+        """Check the evaluator and coerce `config`; returns the config the function takes."""
+        if self.needs_evaluator and evaluator is None:
+            raise ConfigError(f"{self.name!r} trains or calibrates and needs an evaluator "
+                              "(an NNI Evaluator, or a DataSplit such as zoo.load_digits_split())")
+        if isinstance(config, list):
+            if not self.accepts_config_list:
+                raise ConfigError(f"{self.name!r} takes a {getattr(self.config_type, '__name__', 'config')}, "
+                                  "not an NNI config_list")
+            return config
+        if self.config_type is None:
+            return config
+        return coerce_config(config, self.config_type, self.name)
 
-_PRUNERS: dict[str, PrunerEntry] = {}
+
+_PRUNERS: Registry[CompressorEntry] = Registry("pruner", suffix="pruner")
 
 
 def register_pruner(name: str, *, config_type: type | None = None, needs_evaluator: bool = False,
-                    accepts_config_list: bool = False) -> Callable[[PrunerFn], PrunerFn]:
-    """Decorator adding a pruner under `name` (lower case, e.g. "l1norm", "block").
-
-    `accepts_config_list` marks NNI pruners, which also take a raw NNI config_list.
-    """
-    def add(fn: PrunerFn) -> PrunerFn:
-        if name in _PRUNERS:
-            raise ConfigError(f"pruner {name!r} is already registered")
-        _PRUNERS[name] = PrunerEntry(name, fn, config_type, needs_evaluator, accepts_config_list)
+                    accepts_config_list: bool = False) -> Callable[[CompressorFn], CompressorFn]:
+    """Decorator adding a pruner `(model, config, evaluator) -> Masks` under `name` ("l1norm", "block")."""
+    def add(fn: CompressorFn) -> CompressorFn:
+        _PRUNERS.add(name, CompressorEntry(name, fn, config_type, needs_evaluator, accepts_config_list))
         return fn
     return add
 
 
 def pruner_names() -> list[str]:
     """Names accepted by `prune(..., pruner=...)`."""
-    return list(_PRUNERS)
+    return _PRUNERS.names()
 
 
-def get_pruner(name: str) -> PrunerEntry:
+def get_pruner(name: str) -> CompressorEntry:
     """The registered pruner `name`; an unknown name is a `ConfigError` listing the choices."""
-    key = name.lower().replace("_", "").replace("-", "")
-    key = key[:-6] if key.endswith("pruner") else key
-    if key not in _PRUNERS:
-        raise ConfigError(f"unknown pruner {name!r}; choose one of {', '.join(_PRUNERS)}")
-    return _PRUNERS[key]
+    return _PRUNERS.get(name)
 
 
-def coerce_config(config: Any, config_type: type, pruner: str) -> Any:
+def coerce_config(config: Any, config_type: type, owner: str) -> Any:
     """`config` as an instance of `config_type`; a dict (e.g. NNI trial parameters) is converted.
 
     Unknown keys are a `ConfigError` naming them.
@@ -76,11 +87,11 @@ def coerce_config(config: Any, config_type: type, pruner: str) -> Any:
         fields = {f.name for f in dataclasses.fields(config_type)}
         unknown = sorted(set(config) - fields)
         if unknown:
-            raise ConfigError(f"pruner {pruner!r}: unknown config keys {unknown}; {config_type.__name__} "
+            raise ConfigError(f"{owner!r}: unknown config keys {unknown}; {config_type.__name__} "
                               f"takes {sorted(fields)}")
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
         return config_type(**values)
-    raise ConfigError(f"pruner {pruner!r} takes a {config_type.__name__} or a dict, got {type(config).__name__}")
+    raise ConfigError(f"{owner!r} takes a {config_type.__name__} or a dict, got {type(config).__name__}")
 
 
 def masks_to_table(source: Graph | nn.Module, masks: Mapping[str, Mapping[str, torch.Tensor]]) -> TeSATable:
@@ -135,15 +146,7 @@ def prune(model: nn.Module, config: Any, pruner: str = "l1norm", evaluator: Any 
         >>> table = prune(model, BlockPruneConfig(0.9, (32, 32)), pruner="block")  # doctest: +SKIP
     """
     entry = get_pruner(pruner)
-    if entry.needs_evaluator and evaluator is None:
-        raise ConfigError(f"pruner {entry.name!r} trains while pruning and needs an evaluator "
-                          "(an NNI Evaluator, or a DataSplit such as zoo.load_digits_split())")
-    if isinstance(config, list):
-        if not entry.accepts_config_list:
-            raise ConfigError(f"pruner {entry.name!r} takes a {getattr(entry.config_type, '__name__', 'config')}, "
-                              "not an NNI config_list")
-    elif entry.config_type is not None:
-        config = coerce_config(config, entry.config_type, entry.name)
+    config = entry.prepare(config, evaluator)
     if graph is None and example_inputs is not None:
         graph = capture(model, example_inputs)
     masks = entry.fn(model, config, evaluator)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from torch import nn
 
@@ -46,3 +47,30 @@ def as_matrix_shape(shape: Sequence[int]) -> tuple[int, int]:
     for s in shape[1:]:
         rest *= s
     return out, rest
+
+
+def nni_op_entry(op_types: Sequence[str], op_names: Sequence[str] | None,
+                 exclude_op_names: Sequence[str]) -> dict[str, Any]:
+    """The module-selection keys of one NNI config_list entry.
+
+    Example:
+        >>> nni_op_entry(["Linear"], None, ["head"])
+        {'op_types': ['Linear'], 'exclude_op_names': ['head']}
+    """
+    entry: dict[str, Any] = {"op_types": list(op_types)}
+    if op_names is not None:
+        entry["op_names"] = list(op_names)
+    if exclude_op_names:
+        entry["exclude_op_names"] = list(exclude_op_names)
+    return entry
+
+
+def checked_config_list(model: nn.Module, config: Any) -> list[dict[str, Any]]:
+    """A raw NNI config_list as given, or `config.to_config_list()` once its op names are checked.
+
+    Checked here so a typo in op_names is our clear `ConfigError`, not NNI's silent no-op.
+    """
+    if isinstance(config, list):
+        return config
+    select_modules(model, config.op_types, config.op_names, config.exclude_op_names)
+    return config.to_config_list()

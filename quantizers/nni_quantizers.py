@@ -27,7 +27,7 @@ from torch import nn
 
 from sparta_explore.errors import ConfigError
 from sparta_explore.pruners.nni_evaluator import quiet_nni, resolve_evaluator
-from sparta_explore.pruners.selection import select_modules
+from sparta_explore.pruners.selection import checked_config_list, nni_op_entry
 from sparta_explore.quantizers.dorefa import SafeDoReFaQuantizer
 from sparta_explore.quantizers.registry import QuantBits, parse_quant_dtype, register_quantizer
 from sparta_explore.tesa import NumberFormat
@@ -73,27 +73,14 @@ class NNIQuantConfig:
         """The equivalent NNI config_list (activations set through `target_settings`)."""
         act = {"quant_dtype": f"{self.activation_dtype}{self.activation_bits}",
                "quant_scheme": "affine" if self.activation_dtype == "uint" else "symmetric"}
-        entry: dict[str, Any] = {
-            "op_types": list(self.op_types), "target_names": list(self.targets),
-            "quant_dtype": f"{self.weight_dtype}{self.weight_bits}",
-            "quant_scheme": "symmetric" if self.weight_dtype == "int" else "affine",
-            "granularity": self.granularity,
-        }
+        entry = nni_op_entry(self.op_types, self.op_names, self.exclude_op_names)
+        entry.update({"target_names": list(self.targets), "quant_dtype": f"{self.weight_dtype}{self.weight_bits}",
+                      "quant_scheme": "symmetric" if self.weight_dtype == "int" else "affine",
+                      "granularity": self.granularity})
         settings = {t: dict(act) for t in self.targets if t.startswith("_")}
         if settings:  # NNI's schema rejects an empty target_settings
             entry["target_settings"] = settings
-        if self.op_names is not None:
-            entry["op_names"] = list(self.op_names)
-        if self.exclude_op_names:
-            entry["exclude_op_names"] = list(self.exclude_op_names)
         return [entry]
-
-
-def _config_list(model: nn.Module, config: NNIQuantConfig | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    if isinstance(config, list):
-        return config
-    select_modules(model, config.op_types, config.op_names, config.exclude_op_names)
-    return config.to_config_list()
 
 
 def _steps(config: NNIQuantConfig | list) -> int:
@@ -143,7 +130,7 @@ def _with_schemes(cfg_list: list[dict[str, Any]], weight: str | None, activation
 def _trained(cls: type, weight_scheme: str | None = None,
              activation_scheme: str | None = None) -> Callable[[nn.Module, Any, Any], QuantBits]:
     def run(model: nn.Module, config: Any, evaluator: Any) -> QuantBits:
-        cfg_list = _config_list(model, config)
+        cfg_list = checked_config_list(model, config)
         if isinstance(config, NNIQuantConfig):  # a user's raw config_list is passed on as written
             cfg_list = _with_schemes(cfg_list, weight_scheme, activation_scheme)
         return _run(model, lambda: cls(model, cfg_list, resolve_evaluator(model, evaluator)),
@@ -161,16 +148,10 @@ for _name, _quantizer in (("qat", _trained(QATQuantizer)),
 @register_quantizer("bnn", config_type=NNIQuantConfig, needs_evaluator=True, accepts_config_list=True)
 def bnn_bits(model: nn.Module, config: Any, evaluator: Any) -> QuantBits:
     """1-bit weights from NNI's BNNQuantizer (which itself reports 8: the values are +-1)."""
-    if isinstance(config, NNIQuantConfig):
-        select_modules(model, config.op_types, config.op_names, config.exclude_op_names)
-        entry: dict[str, Any] = {"op_types": list(config.op_types), "target_names": ["weight"], "quant_dtype": None}
-        if config.op_names is not None:
-            entry["op_names"] = list(config.op_names)
-        if config.exclude_op_names:
-            entry["exclude_op_names"] = list(config.exclude_op_names)
-        cfg_list = [entry]
-    else:
-        cfg_list = config
+    cfg_list = checked_config_list(model, config)
+    if isinstance(config, NNIQuantConfig):  # BNN binarizes weights only; NNI wants no dtype for it
+        cfg_list = [{**nni_op_entry(config.op_types, config.op_names, config.exclude_op_names),
+                     "target_names": ["weight"], "quant_dtype": None}]
     return _run(model, lambda: BNNQuantizer(model, cfg_list, resolve_evaluator(model, evaluator)),
                 lambda q: q.compress(max_steps=max(1, _steps(config)), max_epochs=None), "BNNQuantizer",
                 fixed=(1, NumberFormat.INT))
@@ -179,6 +160,6 @@ def bnn_bits(model: nn.Module, config: Any, evaluator: Any) -> QuantBits:
 @register_quantizer("ptq", config_type=NNIQuantConfig, needs_evaluator=True, accepts_config_list=True)
 def ptq_bits(model: nn.Module, config: Any, evaluator: Any) -> QuantBits:
     """Bits from NNI's PtqQuantizer: no training, ranges calibrated on the training split."""
-    cfg_list = _config_list(model, config)
+    cfg_list = checked_config_list(model, config)
     return _run(model, lambda: PtqQuantizer(model, cfg_list, resolve_evaluator(model, evaluator, eval_split="train")),
                 lambda q: q.compress(max_steps=0, max_epochs=None), "PtqQuantizer")

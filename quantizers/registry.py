@@ -8,7 +8,6 @@ A quantizer is a function `(model, config, evaluator) -> QuantBits`, with QuantB
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,51 +15,33 @@ from torch import nn
 
 from sparta_explore.errors import ConfigError
 from sparta_explore.graph import Graph, capture
-from sparta_explore.pruners.registry import coerce_config
+from sparta_explore.pruners.registry import CompressorEntry, CompressorFn
+from sparta_explore.registry import Registry
 from sparta_explore.tesa import NumberFormat, TeSA
 from sparta_explore.tesa_table import TeSATable
 
 QuantBits = dict[str, dict[str, tuple[int, NumberFormat]]]
-QuantizerFn = Callable[[nn.Module, Any, Any], QuantBits]
 
-
-@dataclass(frozen=True)
-class QuantizerEntry:
-    """One registered quantizer: its function, config dataclass, and whether it trains."""
-
-    name: str
-    fn: QuantizerFn
-    config_type: type | None
-    needs_evaluator: bool
-    accepts_config_list: bool
-
-
-_QUANTIZERS: dict[str, QuantizerEntry] = {}
+_QUANTIZERS: Registry[CompressorEntry] = Registry("quantizer", suffix="quantizer")
 
 
 def register_quantizer(name: str, *, config_type: type | None = None, needs_evaluator: bool = False,
-                       accepts_config_list: bool = False) -> Callable[[QuantizerFn], QuantizerFn]:
-    """Decorator adding a quantizer under `name` ("qat", "ptq", "uniform", ...)."""
-    def add(fn: QuantizerFn) -> QuantizerFn:
-        if name in _QUANTIZERS:
-            raise ConfigError(f"quantizer {name!r} is already registered")
-        _QUANTIZERS[name] = QuantizerEntry(name, fn, config_type, needs_evaluator, accepts_config_list)
+                       accepts_config_list: bool = False) -> Callable[[CompressorFn], CompressorFn]:
+    """Decorator adding a quantizer `(model, config, evaluator) -> QuantBits` under `name` ("qat", "uniform")."""
+    def add(fn: CompressorFn) -> CompressorFn:
+        _QUANTIZERS.add(name, CompressorEntry(name, fn, config_type, needs_evaluator, accepts_config_list))
         return fn
     return add
 
 
 def quantizer_names() -> list[str]:
     """Names accepted by `quantize(..., quantizer=...)`."""
-    return list(_QUANTIZERS)
+    return _QUANTIZERS.names()
 
 
-def get_quantizer(name: str) -> QuantizerEntry:
+def get_quantizer(name: str) -> CompressorEntry:
     """The registered quantizer `name`; an unknown name is a `ConfigError` listing the choices."""
-    key = name.lower().replace("_", "").replace("-", "")
-    key = key[:-9] if key.endswith("quantizer") else key
-    if key not in _QUANTIZERS:
-        raise ConfigError(f"unknown quantizer {name!r}; choose one of {', '.join(_QUANTIZERS)}")
-    return _QUANTIZERS[key]
+    return _QUANTIZERS.get(name)
 
 
 def parse_quant_dtype(dtype: str | None) -> tuple[int, NumberFormat]:
@@ -148,14 +129,7 @@ def quantize(model: nn.Module, config: Any, quantizer: str = "qat", evaluator: A
         ...              example_inputs=x)  # doctest: +SKIP
     """
     entry = get_quantizer(quantizer)
-    if entry.needs_evaluator and evaluator is None:
-        raise ConfigError(f"quantizer {entry.name!r} trains or calibrates and needs an evaluator "
-                          "(an NNI Evaluator, or a DataSplit such as zoo.load_digits_split())")
-    if isinstance(config, list):
-        if not entry.accepts_config_list:
-            raise ConfigError(f"quantizer {entry.name!r} does not take an NNI config_list")
-    elif entry.config_type is not None:
-        config = coerce_config(config, entry.config_type, entry.name)
+    config = entry.prepare(config, evaluator)
     if graph is None and example_inputs is not None:
         graph = capture(model, example_inputs)
     return bits_to_table(graph if graph is not None else model, entry.fn(model, config, evaluator))

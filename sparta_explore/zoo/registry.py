@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from sparta_explore.errors import ConfigError
+from sparta_explore.registry import Registry
 from sparta_explore.zoo.bert import BertConfig, BertEncoder, DigitsTransformer
 from sparta_explore.zoo.convnets import MobileNetMini, ResNetMini
 from sparta_explore.zoo.digits_models import DigitsCNN, DigitsMLP
@@ -37,30 +37,26 @@ class ModelSpec:
     description: str
 
 
-_MODELS: dict[str, ModelSpec] = {}
+_MODELS: Registry[ModelSpec] = Registry("model")
 
 
 def register_model(name: str, *, input_shape: tuple[int, ...], default_batch: int, task: str | None,
                    description: str) -> Callable[[Callable[[], nn.Module]], Callable[[], nn.Module]]:
     """Decorator adding a model builder to the zoo under `name`."""
     def add(build: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
-        if name in _MODELS:
-            raise ConfigError(f"model {name!r} is already registered")
-        _MODELS[name] = ModelSpec(name, build, tuple(input_shape), default_batch, task, description)
+        _MODELS.add(name, ModelSpec(name, build, tuple(input_shape), default_batch, task, description))
         return build
     return add
 
 
 def model_names(task: str | None = None) -> list[str]:
     """Registered model names, optionally only those of one task ("digits")."""
-    return [n for n, s in _MODELS.items() if task is None or s.task == task]
+    return [s.name for s in _MODELS.values() if task is None or s.task == task]
 
 
 def get_spec(name: str) -> ModelSpec:
     """The spec of model `name`; an unknown name is a `ConfigError` listing the choices."""
-    if name not in _MODELS:
-        raise ConfigError(f"unknown model {name!r}; choose one of {', '.join(_MODELS)}")
-    return _MODELS[name]
+    return _MODELS.get(name)
 
 
 def build_model(name: str, seed: int = 0) -> nn.Module:
