@@ -121,3 +121,32 @@ def test_bias_free_convs_regression(trained, digits, name):
                   evaluator=digits)
     assert table["stem.0.weight"].sparsity == pytest.approx(0.5, abs=0.07)
     assert "stem.0.bias" not in table
+
+
+def test_slim_factor_is_folded_so_unwrapped_model_matches_nni(trained, digits):
+    # SlimPruner's wrapped forward computes weight * slim_factor * mask; after our unwrap
+    # the plain model with the table's masks applied must compute the same outputs.
+    from nni.compression.pruning import SlimPruner
+
+    from sparta_explore import masked_copy
+    from sparta_explore.pruners.nni_evaluator import classification_evaluator
+
+    config = NNIPruneConfig(0.5, op_types=("BatchNorm2d",), training_steps=6)
+    reference = trained("digits-cnn")
+    ours = copy.deepcopy(reference)
+    x = digits.test_x[:32]
+    torch.manual_seed(0)
+    with quiet_nni():
+        pruner = SlimPruner(reference, config.to_config_list(), classification_evaluator(reference, digits),
+                            training_steps=6, regular_scale=1.0)
+        pruner.compress()
+        reference.eval()
+        with torch.no_grad():
+            expected = reference(x)
+        pruner.unwrap_model()
+    torch.manual_seed(0)
+    table = prune(ours, config, pruner="slim", evaluator=digits)
+    with torch.no_grad():
+        got = masked_copy(ours, table).eval()(x)
+    assert table["bn1.weight"].sparsity == pytest.approx(0.5, abs=0.07)
+    assert torch.allclose(got, expected, atol=1e-4)
