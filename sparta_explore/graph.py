@@ -54,6 +54,9 @@ class Graph:
     outputs: list[str]
     aliases: dict[str, str] = field(default_factory=dict)
     attr_nodes: dict[str, str] = field(default_factory=dict)
+    constants: dict[str, Any] = field(default_factory=dict)
+    tuple_shapes: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
+    example_inputs: tuple = ()
 
     @property
     def fx_graph(self) -> fx.Graph:
@@ -236,14 +239,29 @@ def capture(model: nn.Module, example_inputs: Any, *,
         tensors[name] = TensorInfo(tuple(b.shape), b.dtype, "buffer")
 
     attr_nodes: dict[str, str] = {}
+    constants: dict[str, Any] = {}
+    tuple_shapes: dict[str, list[tuple[int, ...]]] = {}
     for n in fx_graph.nodes:
         value = recorder.values.get(n.name)
         if n.op == "get_attr" and n.target in tensors:
             attr_nodes[n.name] = n.target
-        elif isinstance(value, torch.Tensor) and n.op != "output":
+        elif n.op == "output":
+            continue
+        elif isinstance(value, torch.Tensor):
             tensors[n.name] = TensorInfo(tuple(value.shape), value.dtype, "activation")
+        elif isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
+            tuple_shapes[n.name] = [tuple(v.shape) for v in value]
+        elif _is_constant(value):
+            constants[n.name] = value  # sizes, shapes, dims: what later stages need to replay an op
     return Graph(module=gm, root=model, tensors=tensors, inputs=[n.name for n in placeholders],
-                 outputs=_output_names(fx_graph), aliases=aliases, attr_nodes=attr_nodes)
+                 outputs=_output_names(fx_graph), aliases=aliases, attr_nodes=attr_nodes, constants=constants,
+                 tuple_shapes=tuple_shapes, example_inputs=tuple(inputs))
+
+
+def _is_constant(value: Any) -> bool:
+    if isinstance(value, (bool, int, float, str, type(None), torch.Size, torch.dtype, slice)):
+        return True
+    return isinstance(value, (tuple, list)) and all(_is_constant(v) for v in value)
 
 
 def _output_names(fx_graph: fx.Graph) -> list[str]:

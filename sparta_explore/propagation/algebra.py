@@ -1,0 +1,100 @@
+"""The TeSA algebra the rules are built from, vectorized (no Python loops over elements).
+
+Pruned/kept is a boolean semiring: for a multilinear op with non-negative coefficients
+(matmul, conv, linear without bias, elementwise mul, sum/avg pooling, ...), an output
+element can be non-zero only if some product term has all its factors kept. Evaluating
+the op on 0/1 float tensors gives, per output, the *number* of such terms, so `> 0` is the
+forward rule; the gradient of that evaluation weighted by the kept outputs counts, per
+input element, the kept outputs it reaches through a term whose other factors are kept,
+so `> 0` is the backward (and input-to-input) rule. Counts are small integers, exact in
+float32.
+
+Data-movement ops (view, permute, cat, getitem, ...) are replayed on the packed TeSA keys,
+so bits and formats flow through them unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from sparta_explore.tesa import TeSA
+
+
+def kept_of(value: TeSA | None, like: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The bool kept mask of a TeSA (None passes through)."""
+    if value is None:
+        return None
+    return value.kept
+
+
+def any_to(mask: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """Reduce a broadcast bool mask back to `shape` with logical or (autograd's sum_to_size)."""
+    shape = tuple(shape)
+    if tuple(mask.shape) == shape:
+        return mask
+    return mask.float().sum_to_size(shape) > 0
+
+
+def multilinear(fn: Callable[..., torch.Tensor], inputs: Sequence[TeSA | None], output: TeSA,
+                ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+    """Forward and backward kept masks of a multilinear op with non-negative coefficients.
+
+    `fn(*xs)` is called on 0/1 float tensors (None inputs are passed as None for
+    optional operands such as an absent bias). Returns (output kept, [input kept]).
+
+    Example:
+        >>> a = TeSA.from_mask(torch.tensor([[1, 0], [0, 0]]))
+        >>> b = TeSA.dense((2, 3))
+        >>> out, (ka, kb) = multilinear(torch.matmul, [a, b], TeSA.dense((2, 3)))
+        >>> out.tolist()
+        [[True, True, True], [False, False, False]]
+        >>> kb.tolist()  # row 1 of b only meets pruned a[:, 1]
+        [[True, True, True], [False, False, False]]
+    """
+    xs = [None if t is None else t.kept.to(torch.float32).requires_grad_(True) for t in inputs]
+    with torch.enable_grad():
+        y = fn(*xs)
+        forward = y.detach() > 0
+        out_kept = forward & output.kept
+        live = [x for x in xs if x is not None]
+        grads = torch.autograd.grad(y, live, grad_outputs=out_kept.to(y.dtype), allow_unused=True)
+    it = iter(grads)
+    in_kept = []
+    for x in xs:
+        if x is None:
+            in_kept.append(None)
+            continue
+        g = next(it)
+        in_kept.append(torch.zeros_like(x, dtype=torch.bool) if g is None else g > 0)
+    return out_kept, in_kept
+
+
+def moved_keys(fn: Callable[..., torch.Tensor | tuple], inputs: Sequence[TeSA]) -> TeSA | tuple[TeSA, ...]:
+    """Replay a data-movement op on the packed keys: each output element carries its source's bits."""
+    out = fn(*[t._key for t in inputs])
+    if isinstance(out, (tuple, list)):
+        return tuple(TeSA._from_key(o.contiguous()) for o in out)
+    return TeSA._from_key(out.contiguous())
+
+
+def moved_back(fn: Callable[..., torch.Tensor | tuple], inputs: Sequence[TeSA],
+               output: TeSA | tuple[TeSA, ...]) -> list[torch.Tensor]:
+    """Backward of a data-movement op: an input element matters iff a kept output reads it."""
+    xs = [torch.ones(t.shape, dtype=torch.float32, requires_grad=True) for t in inputs]
+    with torch.enable_grad():
+        y = fn(*xs)
+        ys = list(y) if isinstance(y, (tuple, list)) else [y]
+        outs = list(output) if isinstance(output, tuple) else [output]
+        grads = torch.autograd.grad(ys, xs, grad_outputs=[o.kept.to(torch.float32) for o in outs],
+                                    allow_unused=True)
+    return [torch.zeros(t.shape, dtype=torch.bool) if g is None else g > 0 for t, g in zip(inputs, grads)]
+
+
+def group_any(mask: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
+    """Logical or over `dims`, kept as size-1 dims so it broadcasts back."""
+    out = mask
+    for d in sorted({d % mask.dim() for d in dims}):
+        out = out.any(dim=d, keepdim=True)
+    return out

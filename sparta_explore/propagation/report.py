@@ -1,0 +1,63 @@
+"""What propagation did: per-op rule, tensors changed, sparsity before and after."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from sparta_explore.tesa import TeSA
+from sparta_explore.tesa_table import TeSATable
+
+
+@dataclass
+class PropagationReport:
+    """Every change a rule made, plus the ops that were scrambled or could not be analysed."""
+
+    events: list[dict] = field(default_factory=list)
+    visits: int = 0
+    nodes: int = 0
+    seconds: float = 0.0
+    scrambled: set[str] = field(default_factory=set)
+    unsupported: dict[str, str] = field(default_factory=dict)
+    stopped_early: bool = False
+
+    def record(self, node: str, op: str, rule: str, tensor: str, direction: str, before: TeSA, after: TeSA) -> None:
+        newly_pruned = int((before.kept & after.pruned).sum())
+        lowered = int(((after.bits < before.bits) & after.kept).sum())
+        self.events.append({"visit": self.visits, "node": node, "op": op, "rule": rule, "tensor": tensor,
+                            "direction": direction, "newly_pruned": newly_pruned, "bits_lowered": lowered})
+
+    def events_frame(self) -> pd.DataFrame:
+        """One row per change: visit, node, op, rule, tensor, direction, newly_pruned, bits_lowered."""
+        return pd.DataFrame(self.events, columns=["visit", "node", "op", "rule", "tensor", "direction",
+                                                  "newly_pruned", "bits_lowered"])
+
+    def per_op(self) -> pd.DataFrame:
+        """Per op: the rule that fired and how many elements it pruned / lowered, summed over visits.
+
+        Example:
+            >>> result.report.per_op().head()  # doctest: +SKIP
+        """
+        ev = self.events_frame()
+        if ev.empty:
+            return pd.DataFrame(columns=["node", "op", "rule", "changes", "newly_pruned", "bits_lowered"])
+        out = ev.groupby(["node", "op", "rule"], sort=False).agg(
+            changes=("tensor", "size"), newly_pruned=("newly_pruned", "sum"), bits_lowered=("bits_lowered", "sum"))
+        return out.reset_index()
+
+
+@dataclass
+class PropagationResult:
+    """The propagated table, the table it started from (completed to every tensor), and the report."""
+
+    table: TeSATable
+    before: TeSATable
+    report: PropagationReport
+
+    def compare(self) -> pd.DataFrame:
+        """Per tensor: sparsity and mean bits before and after propagation."""
+        a, b = self.before.summary().set_index("name"), self.table.summary().set_index("name")
+        out = pd.DataFrame({"shape": b["shape"], "numel": b["numel"], "sparsity_before": a["sparsity"],
+                            "sparsity_after": b["sparsity"], "bits_before": a["bits"], "bits_after": b["bits"]})
+        return out.reset_index()

@@ -1,0 +1,174 @@
+"""Rules for the ops that multiply: linear, matmul/bmm/@, conv, embedding, attention.
+
+All but embedding are multilinear with non-negative structure, so `multilinear` gives
+forward (out kept iff some term has all factors kept), backward (for Y = X W^T the weight
+rule is gW = gY^T X on kept masks) and input-to-input (a pruned column of W makes that
+column of X irrelevant) in one autograd pass. A kept bias keeps its output channel alive.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sparta_explore.propagation.algebra import any_to, multilinear
+from sparta_explore.propagation.registry import OpUpdate, OpView, Unsupported, register_rule
+from sparta_explore.tesa import TeSA
+
+
+def _with_bias(out_kept: torch.Tensor, bias: TeSA | None, output: TeSA, channel_dim: int) -> tuple:
+    """OR a kept bias into the output (bias[c] broadcast along `channel_dim`); bias backward."""
+    if bias is None:
+        return out_kept, None
+    shape = [1] * output.kept.dim()
+    shape[channel_dim] = -1
+    out = out_kept | (bias.kept.reshape(shape) & output.kept)
+    dims = [d for d in range(out.dim()) if d != channel_dim % out.dim()]
+    bias_kept = out.any(dim=tuple(dims)) if dims else out
+    return out, bias_kept
+
+
+def _linear(op: OpView, x: TeSA, w: TeSA, b: TeSA | None) -> tuple:
+    out, (kx, kw) = multilinear(lambda xx, ww: F.linear(xx, ww), [x, w], op.output)
+    out, kb = _with_bias(out, b, op.output, -1)
+    return out, kx, kw, kb
+
+
+@register_rule(nn.Linear)
+def linear_module(op: OpView) -> OpUpdate:
+    # Y = X W^T + b: Y[..., n] may be non-zero iff b[n] kept or some k has X[..., k] and W[n, k] kept
+    out, kx, kw, kb = _linear(op, op.args[0], op.params["weight"], op.params.get("bias"))
+    params = {"weight": kw} | ({"bias": kb} if kb is not None else {})
+    return OpUpdate(output=out, args={0: kx}, params=params)
+
+
+@register_rule(F.linear)
+def linear_function(op: OpView) -> OpUpdate:
+    x, w, b = op.arg(0, "input"), op.arg(1, "weight"), op.arg(2, "bias")
+    out, kx, kw, kb = _linear(op, x, w, b if isinstance(b, TeSA) else None)
+    args = {op.slot_of(0, "input"): kx, op.slot_of(1, "weight"): kw}
+    if kb is not None:
+        args[op.slot_of(2, "bias")] = kb
+    return OpUpdate(output=out, args=args)
+
+
+def _binary_multilinear(op: OpView, fn) -> OpUpdate:
+    a, b = op.arg(0, "input"), op.arg(1, "other")
+    if not (isinstance(a, TeSA) and isinstance(b, TeSA)):
+        raise Unsupported("matmul with a non-tensor operand")
+    out, (ka, kb) = multilinear(fn, [a, b], op.output)
+    return OpUpdate(output=out, args={op.slot_of(0, "input"): ka, op.slot_of(1, "other"): kb})
+
+
+@register_rule(torch.matmul, operator.matmul, "matmul")
+def matmul_rule(op: OpView) -> OpUpdate:
+    # boolean matmul with broadcasting; gradients reduce broadcast batch dims back (any)
+    return _binary_multilinear(op, torch.matmul)
+
+
+@register_rule(torch.bmm, "bmm")
+def bmm_rule(op: OpView) -> OpUpdate:
+    return _binary_multilinear(op, torch.bmm)
+
+
+@register_rule(torch.mm, "mm")
+def mm_rule(op: OpView) -> OpUpdate:
+    return _binary_multilinear(op, torch.mm)
+
+
+@register_rule(torch.einsum)
+def einsum_rule(op: OpView) -> OpUpdate:
+    equation, operands = op.args[0], op.args[1:]
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        raise Unsupported("einsum with a list operand")
+    if not all(isinstance(t, TeSA) for t in operands):
+        raise Unsupported("einsum with non-tensor operands")
+    out, kept = multilinear(lambda *xs: torch.einsum(equation, *xs), list(operands), op.output)
+    return OpUpdate(output=out, args={i + 1: k for i, k in enumerate(kept)})
+
+
+@register_rule(nn.Conv1d, nn.Conv2d, nn.Conv3d)
+def conv_module(op: OpView) -> OpUpdate:
+    # groups, depthwise, stride, padding (any mode), dilation: replayed by the module's own conv
+    mod = op.module
+    out, (kx, kw) = multilinear(lambda x, w: mod._conv_forward(x, w, None), [op.args[0], op.params["weight"]],
+                                op.output)
+    out, kb = _with_bias(out, op.params.get("bias"), op.output, 1)
+    params = {"weight": kw} | ({"bias": kb} if kb is not None else {})
+    return OpUpdate(output=out, args={0: kx}, params=params)
+
+
+@register_rule(nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+def conv_transpose_module(op: OpView) -> OpUpdate:
+    mod = op.module
+    if len(op.args) > 1:
+        raise Unsupported("ConvTranspose with output_size")
+    fn = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[mod.weight.dim() - 2]
+    out, (kx, kw) = multilinear(lambda x, w: fn(x, w, None, mod.stride, mod.padding, mod.output_padding,
+                                                mod.groups, mod.dilation), [op.args[0], op.params["weight"]],
+                                op.output)
+    out, kb = _with_bias(out, op.params.get("bias"), op.output, 1)
+    params = {"weight": kw} | ({"bias": kb} if kb is not None else {})
+    return OpUpdate(output=out, args={0: kx}, params=params)
+
+
+@register_rule(F.conv1d, F.conv2d, F.conv3d)
+def conv_function(op: OpView) -> OpUpdate:
+    fn = op.node.target
+    x, w, b = op.arg(0, "input"), op.arg(1, "weight"), op.arg(2, "bias")
+    extra = {k: op.arg(i, k) for i, k in ((3, "stride"), (4, "padding"), (5, "dilation"), (6, "groups"))
+             if op.arg(i, k) is not None}
+    out, (kx, kw) = multilinear(lambda xx, ww: fn(xx, ww, None, **extra), [x, w], op.output)
+    out, kb = _with_bias(out, b if isinstance(b, TeSA) else None, op.output, 1)
+    args = {op.slot_of(0, "input"): kx, op.slot_of(1, "weight"): kw}
+    if kb is not None:
+        args[op.slot_of(2, "bias")] = kb
+    return OpUpdate(output=out, args=args)
+
+
+def _embedding(weight: TeSA, output: TeSA) -> tuple[torch.Tensor, torch.Tensor]:
+    # out[..., d] = W[idx, d]; without relying on the index values, column d is non-zero
+    # only if some row keeps it, and W[v, d] matters only if some output keeps column d
+    col_kept = weight.kept.any(dim=0)
+    out = output.kept & col_kept
+    used = any_to(out, (1,) * (out.dim() - 1) + (out.shape[-1],)).reshape(-1)
+    return out, weight.kept & used.unsqueeze(0)
+
+
+@register_rule(nn.Embedding)
+def embedding_module(op: OpView) -> OpUpdate:
+    out, kw = _embedding(op.params["weight"], op.output)
+    return OpUpdate(output=out, params={"weight": kw})
+
+
+@register_rule(F.embedding)
+def embedding_function(op: OpView) -> OpUpdate:
+    out, kw = _embedding(op.arg(1, "weight"), op.output)
+    return OpUpdate(output=out, args={op.slot_of(1, "weight"): kw})
+
+
+@register_rule(F.scaled_dot_product_attention)
+def sdpa_rule(op: OpView) -> OpUpdate:
+    # softmax(q k^T * scale + mask) v, decomposed: probabilities are never zero except where a
+    # boolean/causal mask removes them, so out[i, d] needs v[j, d] kept for an allowed j.
+    q, k, v = op.arg(0, "query"), op.arg(1, "key"), op.arg(2, "value")
+    if op.kwargs.get("enable_gqa"):
+        raise Unsupported("grouped-query attention")
+    causal = bool(op.arg(5, "is_causal", False))
+    lq, lk = q.shape[-2], k.shape[-2]
+    # an attn_mask tensor (additive or boolean) is data: assume every position may attend
+    allowed = torch.ones(lq, lk, dtype=torch.bool)
+    if causal:
+        allowed = torch.tril(allowed)
+    scores_shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (lq, lk)
+    probs = TeSA.from_mask(allowed.expand(scores_shape))
+    out, (kp, kv) = multilinear(torch.matmul, [probs, v], op.output)
+    # softmax couples a whole row: every score of a row matters if any probability in it does
+    rows = (kp & allowed).any(dim=-1, keepdim=True) & allowed
+    scores_out = TeSA.from_mask(rows.expand(scores_shape))
+    _, (kq, kk) = multilinear(lambda a, b: torch.matmul(a, b.transpose(-1, -2)), [q, k], scores_out)
+    return OpUpdate(output=out, args={op.slot_of(0, "query"): kq, op.slot_of(1, "key"): kk,
+                                      op.slot_of(2, "value"): kv})
