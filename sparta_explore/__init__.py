@@ -18,6 +18,7 @@ from typing import Any
 from sparta_explore.errors import CaptureError, ConfigError, SpartaError, TeSABitsError, TeSANameError, TeSAShapeError
 from sparta_explore.graph import Graph, TensorInfo, capture
 from sparta_explore.masking import apply_table, masked_copy
+from sparta_explore.propagation import propagate, run_propagation
 from sparta_explore.tesa import MAX_BITS, NumberFormat, TeSA
 from sparta_explore.tesa_table import TeSATable
 
@@ -35,4 +36,4 @@ def __getattr__(name: str) -> Any:
 
 __all__ = ["MAX_BITS", "CaptureError", "ConfigError", "Graph", "NumberFormat", "SpartaError", "TeSA",
            "TeSABitsError", "TeSANameError", "TeSAShapeError", "TeSATable", "TensorInfo", "apply_table",
-           "capture", "masked_copy"]
+           "capture", "masked_copy", "propagate", "run_propagation"]

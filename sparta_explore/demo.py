@@ -17,12 +17,16 @@ from torch import nn
 from sparta_explore.errors import ConfigError
 from sparta_explore.graph import Graph, capture
 from sparta_explore.masking import apply_table, masked_copy
+from sparta_explore.propagation import run_propagation
 from sparta_explore.tesa_table import TeSATable
 
 
 @dataclass(frozen=True)
 class DemoConfig:
     """What the demo prunes and how; `exclude=None` leaves the classifier head dense.
+
+    `dependent_norms` also prunes the BatchNorm channels after pruned filters, so
+    propagation can carry the pruning into the next layer.
 
     Example:
         >>> DemoConfig(pruner="level", sparsity=0.8).model
@@ -38,6 +42,7 @@ class DemoConfig:
     bits: int = 8
     training_steps: int = 20
     finetune_epochs: int = 3
+    dependent_norms: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.sparsity < 1.0:
@@ -117,27 +122,39 @@ def run_demo(cfg: DemoConfig = DemoConfig(), *, out: str | os.PathLike | None = 
                                training_steps=cfg.training_steps))
         echo(f"quantizing with {qname} to {cfg.bits} bits")
         table = table.merge(quantize(model, qcfg, quantizer=qname, evaluator=data, graph=graph))
-    masked = masked_copy(model, table)
+    if cfg.dependent_norms:
+        from sparta_explore.pruners import prune_dependent_norms
+
+        table = prune_dependent_norms(graph, table)
+    propagated = run_propagation(graph, table)
+    # the propagated table is sound, so masking with it computes the same function; fine-tuning
+    # under it keeps every propagated zero at zero, as the compiled kernels will assume
+    masked = masked_copy(model, propagated.table)
     masked_acc = evaluate(masked, data.test_x, data.test_y)
     tuned_acc = None
     if cfg.finetune_epochs:
         # masks are re-applied after every step, so fine-tuning never revives a pruned weight
         tuned_acc = train(masked, data, TrainConfig(epochs=cfg.finetune_epochs, lr=1e-3),
-                          after_step=lambda m: apply_table(m, table))
-    summary = table.summary()
+                          after_step=lambda m: apply_table(m, propagated.table))
+    compare = propagated.compare()
+    summary = compare[[graph.tensors[n].kind == "param" or propagated.table[n].kept_bits() != [32]
+                       or propagated.table[n].sparsity > 0 for n in compare["name"]]]
     echo("")
     echo(summary.to_string(index=False))
     echo("")
     weights = [n for n in table if graph.tensors[n].kind == "param" and n.endswith("weight")]
-    pruned = sum(int(table[n].pruned.sum()) for n in weights)
     total = sum(table[n].numel for n in weights)
-    echo(f"weights pruned: {pruned}/{total} ({pruned / max(total, 1):.1%})")
+    pruned = sum(int(table[n].pruned.sum()) for n in weights)
+    after = sum(int(propagated.table[n].pruned.sum()) for n in weights)
+    echo(f"weights pruned: {pruned}/{total} ({pruned / max(total, 1):.1%}) by the pruner, "
+         f"{after}/{total} ({after / max(total, 1):.1%}) after propagation "
+         f"({propagated.report.visits} rule visits, {propagated.report.seconds:.2f} s)")
     echo(f"test accuracy: dense {dense_acc:.4f}, masked {masked_acc:.4f}"
          + (f", masked + {cfg.finetune_epochs} epochs fine-tuning {tuned_acc:.4f}" if tuned_acc is not None else ""))
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        table.save(out / "tesa.npz")
-        summary.to_csv(out / "summary.csv", index=False)
+        propagated.table.save(out / "tesa.npz")
+        compare.to_csv(out / "summary.csv", index=False)
         echo(f"wrote {out / 'tesa.npz'} and {out / 'summary.csv'}")
-    return DemoResult(graph, table, dense_acc, masked_acc, tuned_acc, time.perf_counter() - start)
+    return DemoResult(graph, propagated.table, dense_acc, masked_acc, tuned_acc, time.perf_counter() - start)

@@ -17,9 +17,9 @@ def prune_rows(shape, rows, dim=0) -> TeSA:
     return TeSA.from_mask(keep)
 
 
-def propagate_checked(model, inputs, entries: dict, **kwargs):
+def propagate_checked(model, inputs, entries: dict, leaf_modules=(), **kwargs):
     """Capture, propagate `entries`, assert soundness; returns (graph, result)."""
-    graph = capture(model.eval(), inputs)
+    graph = capture(model.eval(), inputs, leaf_modules=leaf_modules)
     before = TeSATable(entries, shapes=graph.shapes())
     result = run_propagation(graph, before, **kwargs)
     assert max_output_change(graph, before, result.table) < 1e-4
