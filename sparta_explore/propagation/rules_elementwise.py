@@ -38,7 +38,7 @@ def _register_unary(targets: tuple, zero_preserving: bool, passive: bool = False
 
 
 _register_unary((nn.ReLU, F.relu, torch.relu, "relu", "relu_", F.relu_), zero_preserving=True, passive=True)
-_register_unary((nn.ReLU6, F.relu6, nn.Hardtanh, F.hardtanh, nn.GELU, F.gelu, nn.SiLU, F.silu, nn.Tanh, torch.tanh,
+_register_unary((nn.ReLU6, F.relu6, nn.GELU, F.gelu, nn.SiLU, F.silu, nn.Tanh, torch.tanh,
                  "tanh", nn.Hardswish, F.hardswish, nn.LeakyReLU, F.leaky_relu, nn.ELU, F.elu, nn.Mish,
                  F.mish, nn.Softsign, F.softsign, nn.Tanhshrink, torch.abs, "abs", torch.sin,
                  "sin", torch.neg, operator.neg, "neg", nn.CELU, nn.SELU, F.selu, nn.Hardshrink, nn.Softshrink),
@@ -108,3 +108,13 @@ def pow_rule(op: OpView) -> OpUpdate:
         raise Unsupported("pow with a tensor exponent")
     out = a.kept if b > 0 else None  # 0 ** p = 0 for p > 0; x ** 0 = 1
     return OpUpdate(output=out, args={op.slot_of(0, "input"): any_to(op.output.kept, a.shape)})
+
+
+@register_rule(nn.Hardtanh, F.hardtanh)
+def hardtanh_rule(op: OpView) -> OpUpdate:
+    # clamp(0, lo, hi) is 0 only when lo <= 0 <= hi
+    if op.module is not None:
+        lo, hi = op.module.min_val, op.module.max_val
+    else:
+        lo, hi = op.arg(1, "min_val", -1.0), op.arg(2, "max_val", 1.0)
+    return _unary_update(op, zero_preserving=lo <= 0 <= hi, passive=False)

@@ -60,10 +60,10 @@ def _call(target, h, *args, **kwargs):
 
 
 # ---- unary elementwise ------------------------------------------------------------------
-UNARY_MODULES = [nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.GELU, nn.SiLU, nn.Tanh, nn.Hardswish, nn.LeakyReLU, nn.ELU, nn.Mish,
+UNARY_MODULES = [nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Tanh, nn.Hardswish, nn.LeakyReLU, nn.ELU, nn.Mish,
                  nn.Softsign, nn.Tanhshrink, nn.CELU, nn.SELU, nn.Hardshrink, nn.Softshrink, nn.Dropout, nn.Dropout1d,
                  nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.Identity, nn.Sigmoid, nn.Softplus, nn.Hardsigmoid]
-UNARY_FUNCTIONS = [F.relu, torch.relu, F.relu_, torch.relu_, F.relu6, F.hardtanh, F.gelu, F.silu, torch.tanh,
+UNARY_FUNCTIONS = [F.relu, torch.relu, F.relu_, torch.relu_, F.relu6, F.gelu, F.silu, torch.tanh,
                    F.hardswish, F.leaky_relu, F.elu, F.mish, F.softsign, torch.abs, torch.sin, torch.neg, operator.neg,
                    F.selu, torch.clone, torch.sigmoid, F.softplus, torch.exp, torch.cos, F.hardsigmoid]
 UNARY_METHODS = ["relu", "relu_", "tanh", "abs", "sin", "neg", "contiguous", "clone", "detach", "sigmoid", "exp", "cos"]
@@ -83,6 +83,11 @@ def unary_cases() -> list[Case]:
     for m in UNARY_METHODS:
         cases.append(_case(f".{m}", [m], lambda self, h, m=m: _call(m, h), lambda: nn.Linear(6, 8),
                            lambda: nn.Linear(8, 3), (4, 6)))
+    for lo, hi in ((-1.0, 1.0), (0.5, 2.0), (-2.0, -0.5)):  # the last two move 0 away from 0
+        cases.append(_case(f"Hardtanh({lo},{hi})", [nn.Hardtanh], lambda self, h: self.op(h), lambda: nn.Linear(6, 8),
+                           lambda: nn.Linear(8, 3), (4, 6), op=lambda a=lo, b=hi: nn.Hardtanh(a, b)))
+        cases.append(_case(f"F.hardtanh({lo},{hi})", [F.hardtanh], lambda self, h, a=lo, b=hi: F.hardtanh(h, a, b),
+                           lambda: nn.Linear(6, 8), lambda: nn.Linear(8, 3), (4, 6)))
     cases.append(_case("F.dropout", [F.dropout], lambda self, h: F.dropout(h, 0.5, False), lambda: nn.Linear(6, 8),
                        lambda: nn.Linear(8, 3), (4, 6)))
     cases.append(_case(".to/.type/.float/.double/.half", ["to", "type", "float", "double", "half"],
