@@ -1,6 +1,15 @@
 """Specialized CPU kernels (installed as `sparta_explore.kernels`).
 
-Code generation, the content-hash build cache and the block-sparse / int8 kernel
-families land here with the kernels issue; the package exists now so that the
-installed layout (`sparta_explore.kernels`) is fixed from the start.
+`SparseLinear` runs y = act(x W^T + b) through C generated for W's kept pattern (block or
+unstructured), compiled with the system gcc, cached by content hash, checked against the
+masked dense op, and falling back to it with a warning if anything fails.
+
+Example:
+    >>> from sparta_explore.kernels import SparseLinear
+    >>> layer = SparseLinear(linear.weight, linear.bias, tesa.kept, block_rows=32)  # doctest: +SKIP
 """
+
+from sparta_explore.kernels.build import KernelBuildError, build, cpu_flags, vector_width
+from sparta_explore.kernels.sparse_linear import KernelFallbackWarning, SparseLinear
+
+__all__ = ["KernelBuildError", "KernelFallbackWarning", "SparseLinear", "build", "cpu_flags", "vector_width"]

@@ -1,0 +1,88 @@
+"""Sparse linear kernels vs dense MKL, MKL CSR and torch dynamic int8, measured in one run.
+
+Shapes: BERT-base 768->3072, 3072->768, 768->768 at M = 4096 and 128; sparsity 50/75/90/95%;
+patterns 32x32 blocks, 1x32 blocks, unstructured. Every time is the median of `--repeats`
+runs after a warm-up, baseline and candidate interleaved; each call allocates its output,
+as a model does. Prints ratios over dense fp32 and effective GFLOP/s (kept work / time).
+Run: `python benchmarks/kernels.py [--quick] [--repeats 5]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sparta_explore.kernels import SparseLinear, cpu_flags, vector_width
+
+
+def pattern_mask(n: int, k: int, pattern: str, sparsity: float, g: torch.Generator) -> tuple[torch.Tensor, int]:
+    block = {"32x32": (32, 32), "1x32": (1, 32), "unstructured": (1, 1)}[pattern]
+    grid = torch.rand(-(-n // block[0]), -(-k // block[1]), generator=g) >= sparsity
+    return grid.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)[:n, :k], block[0]
+
+
+def medians(fns: list, repeats: int) -> list[float]:
+    for fn in fns:
+        fn()
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):  # interleaved: machine noise hits every candidate alike
+            start = time.perf_counter()
+            fn()
+            times[i].append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
+
+
+def candidates(x, masked, b, ours, csr, q) -> list:
+    """dense fp32 (MKL), ours, MKL CSR, torch dynamic int8: the four calls timed side by side."""
+    return [lambda: F.linear(x, masked, b), lambda: ours(x), lambda: (csr @ x.t()).t() + b, lambda: q(x)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="only 90% and 50%, M=4096 and 128, FFN shapes")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+    flags = cpu_flags()
+    isa = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "sse"
+    print(f"cpu={platform.processor() or platform.machine()} isa={isa} vnni={'avx512_vnni' in flags} "
+          f"lanes={vector_width()} threads={torch.get_num_threads()} torch={torch.__version__}")
+    shapes = [(768, 3072), (3072, 768)] + ([] if args.quick else [(768, 768)])
+    sparsities = (0.5, 0.9) if args.quick else (0.5, 0.75, 0.9, 0.95)
+    print(f"{'K->N':11s} {'M':>5s} {'pattern':>12s} {'sparsity':>8s} {'dense_ms':>9s} {'ours_ms':>8s} {'x_dense':>7s} "
+          f"{'GF/s_eff':>8s} {'csr_x':>6s} {'int8dyn_x':>9s}")
+    g = torch.Generator().manual_seed(0)
+    for k, n in shapes:
+        w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+        for m in (4096, 128):
+            x = torch.randn(m, k, generator=g)
+            for pattern in ("32x32", "1x32", "unstructured"):
+                for sparsity in sparsities:
+                    kept, rows = pattern_mask(n, k, pattern, sparsity, g)
+                    masked = w * kept
+                    ours = SparseLinear(w, b, kept, block_rows=rows)
+                    csr = masked.to_sparse_csr()
+                    lin = nn.Linear(k, n)
+                    with torch.no_grad():
+                        lin.weight.copy_(masked)
+                        lin.bias.copy_(b)
+                    q = torch.ao.quantization.quantize_dynamic(nn.Sequential(lin), {nn.Linear}, dtype=torch.qint8)
+                    with torch.no_grad():
+                        t_dense, t_ours, t_csr, t_q = medians(candidates(x, masked, b, ours, csr, q), args.repeats)
+                    flops = 2.0 * m * k * n * float(kept.float().mean())
+                    state = "" if ours.fallback_reason is None else " (fallback)"
+                    print(f"{k:4d}->{n:<5d} {m:5d} {pattern:>12s} {sparsity:8.2f} {t_dense * 1e3:9.2f} "
+                          f"{t_ours * 1e3:8.2f} {t_dense / t_ours:7.2f} {flops / t_ours / 1e9:8.0f} "
+                          f"{t_dense / t_csr:6.2f} {t_dense / t_q:9.2f}{state}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

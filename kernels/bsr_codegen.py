@@ -1,0 +1,281 @@
+"""C source generation for pattern-specialized sparse fp32 linear kernels.
+
+The kernel computes Y^T = W X^T with activations K-major (X^T is K x M) so that the
+vector dimension is M: every kept weight w[n, k] is one broadcast-FMA of a row of X^T.
+Outputs are processed in *row groups* (up to R rows that share a k pattern: the rows of
+one block row), and each group's kept k indices are merged into contiguous segments.
+The group and segment tables are baked into the source as constant arrays (the paper's
+*dismantle*: empty blocks do not exist in the code, there is no per-element test), and
+the kept weights are packed group by group, R values per k, in the order the kernel reads.
+
+The source uses GCC vector extensions, so the same text compiles to AVX2 (8 lanes) or
+AVX-512 (16 lanes) with -march=native; register tile: R rows x V vectors of M.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+R_MAX = 4  # output rows per register tile
+V = 3  # vectors of M per register tile
+
+
+@dataclass(frozen=True)
+class Groups:
+    """Row groups and k segments of one sparsity pattern, plus the packed-weight offsets."""
+
+    row0: np.ndarray      # first output row of each group
+    rows: np.ndarray      # rows in each group (1..R_MAX)
+    seg_ptr: np.ndarray   # group g's segments are seg_ptr[g]:seg_ptr[g+1]
+    seg_k0: np.ndarray    # first k of each segment
+    seg_len: np.ndarray   # k count of each segment
+    w_off: np.ndarray     # offset of group g's packed weights
+
+    @property
+    def kept_k(self) -> int:
+        return int(self.seg_len.sum())
+
+
+def _segments(kept_cols: np.ndarray) -> list[tuple[int, int]]:
+    """Contiguous runs of True in a 1-D bool array, as (start, length)."""
+    if not kept_cols.any():
+        return []
+    padded = np.concatenate([[False], kept_cols, [False]])
+    edges = np.flatnonzero(padded[1:] != padded[:-1])
+    return [(int(a), int(b - a)) for a, b in zip(edges[0::2], edges[1::2])]
+
+
+def plan_groups(kept: np.ndarray, block_rows: int) -> Groups:
+    """Split the outputs into row groups of at most R_MAX rows inside each block row.
+
+    `kept` is the (N, K) bool mask of kept weights; rows of a group share the union of
+    their kept columns (exact for block patterns, where rows of a block row agree).
+
+    Example:
+        >>> g = plan_groups(np.eye(4, dtype=bool), 1)
+        >>> g.rows.tolist(), g.seg_k0.tolist()
+        ([1, 1, 1, 1], [0, 1, 2, 3])
+    """
+    n = kept.shape[0]
+    row0, rows, seg_ptr, seg_k0, seg_len, w_off = [], [], [0], [], [], []
+    offset = 0
+    for b0 in range(0, n, block_rows):
+        b1 = min(b0 + block_rows, n)
+        for g0 in range(b0, b1, R_MAX):
+            g1 = min(g0 + R_MAX, b1)
+            cols = kept[g0:g1].any(axis=0)
+            segs = _segments(cols)
+            if not segs:
+                continue  # an all-pruned group is never computed; its outputs are bias (or 0)
+            row0.append(g0)
+            rows.append(g1 - g0)
+            w_off.append(offset)
+            for k0, length in segs:
+                seg_k0.append(k0)
+                seg_len.append(length)
+                offset += length * (g1 - g0)
+            seg_ptr.append(len(seg_k0))
+    as_i = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
+    return Groups(as_i(row0), as_i(rows), as_i(seg_ptr), as_i(seg_k0), as_i(seg_len), as_i(w_off))
+
+
+def pack_weights(weight: np.ndarray, kept: np.ndarray, groups: Groups) -> np.ndarray:
+    """Kept weights in kernel order: per group, per segment, per k, the group's rows (pruned -> 0)."""
+    w = np.where(kept, weight, 0.0).astype(np.float32)
+    parts = []
+    for g in range(len(groups.row0)):
+        r0, r = int(groups.row0[g]), int(groups.rows[g])
+        for s in range(int(groups.seg_ptr[g]), int(groups.seg_ptr[g + 1])):
+            k0, length = int(groups.seg_k0[s]), int(groups.seg_len[s])
+            parts.append(w[r0:r0 + r, k0:k0 + length].T.reshape(-1))
+    return np.concatenate(parts) if parts else np.zeros(1, dtype=np.float32)
+
+
+def _array(name: str, values: np.ndarray) -> str:
+    body = ",".join(str(int(v)) for v in values) or "0"
+    return f"static const long {name}[] = {{{body}}};\n"
+
+
+_ACTIVATIONS = {
+    "none": "",
+    "relu": "v = vsel(v > zero, v, zero);",
+    # exact-erf GELU, 0.5 v (1 + erf(v / sqrt 2)), erf by Abramowitz-Stegun 7.1.26 (|err| < 1.5e-7)
+    "gelu": "v = 0.5f * v * (one + verf(v * 0.70710678118654752f));",
+}
+
+_PRELUDE = r"""
+#include <stdint.h>
+#include <string.h>
+typedef float vf __attribute__((vector_size(VEC * 4), aligned(4)));
+typedef int32_t vi __attribute__((vector_size(VEC * 4), aligned(4)));
+#define LD(p) (*(const vf *)(p))
+#define ST(p, v) (*(vf *)(p) = (v))
+
+static inline vf vsel(vi mask, vf a, vf b) { return (vf)(((vi)a & mask) | ((vi)b & ~mask)); }
+
+static inline vf vexp(vf x) {
+    /* exp(x) = 2^n * exp(r), |r| <= ln2/2, degree-6 polynomial; the clamp keeps 2^n finite */
+    const vf zero = x - x, hi = zero + 88.0f, lo = zero - 88.0f;
+    x = vsel(x > hi, hi, x);
+    x = vsel(x < lo, lo, x);
+    vf fn = x * 1.44269504088896341f;
+    fn = fn + vsel(fn < zero, zero - 0.5f, zero + 0.5f);
+    vi n = __builtin_convertvector(fn, vi);
+    vf nf = __builtin_convertvector(n, vf);
+    vf r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
+    vf p = 1.9875691500e-4f * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    vi bits = (n + 127) << 23;
+    return p * (vf)bits;
+}
+
+static inline vf verf(vf x) {
+    const vf zero = x - x, one = zero + 1.0f;
+    vf sign = vsel(x < zero, -one, one);
+    vf a = x * sign;
+    vf t = one / (one + 0.3275911f * a);
+    vf y = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
+    return sign * (one - y * vexp(-a * a));
+}
+"""
+
+
+def _vectors(r: int) -> int:
+    # one-row groups are load-bound (one broadcast per V loads), so they get more vectors
+    return 2 * V if r == 1 else V
+
+
+def _tile_function(r: int, act: str) -> str:
+    v = _vectors(r)
+    acc_decl = " ".join(f"vf a{i}{j} = zero;" for i in range(r) for j in range(v))
+    loads = " ".join(f"const vf x{j} = LD(x + {j} * VEC);" for j in range(v))
+    fmas = " ".join(f"a{i}{j} += w[{i}] * x{j};" for i in range(r) for j in range(v))
+    stores = []
+    for i in range(r):
+        for j in range(v):
+            stores.append(f"{{ vf v = a{i}{j} + bias_of(bias, n0 + {i}); {_ACTIVATIONS[act]} "
+                          f"ST(yb + (n0 + {i}) * TILE + t + {j} * VEC, v); }}")
+    return f"""
+static inline void tile{r}(const float *xb, float *yb, long t, long g, const float *W, const float *bias) {{
+    const vf zero = {{0}}; const vf one = zero + 1.0f; (void)one;
+    {acc_decl}
+    const long n0 = G_ROW0[g];
+    const float *w = W + G_WOFF[g];
+    for (long s = G_SEGPTR[g]; s < G_SEGPTR[g + 1]; ++s) {{
+        const float *x = xb + G_SEGK0[s] * TILE + t;
+        for (long k = G_SEGLEN[s]; k > 0; --k, x += TILE, w += {r}) {{
+            {loads}
+            {fmas}
+        }}
+    }}
+    {" ".join(stores)}
+}}
+"""
+
+
+CHUNKS = 8  # row chunks baked into every kernel; small M splits work over them
+
+
+def _chunks(groups: Groups, n_out: int, empty: np.ndarray) -> tuple[list[int], ...]:
+    """Split groups into up to CHUNKS contiguous runs of similar kept work; each owns a row range."""
+    per_group = np.zeros(len(groups.row0))
+    if len(groups.row0):
+        owner = np.repeat(np.arange(len(groups.row0)), np.diff(groups.seg_ptr))
+        np.add.at(per_group, owner, groups.seg_len * groups.rows[owner])
+    total = per_group.sum()
+    cuts = [0]
+    acc = 0.0
+    for g, wk in enumerate(per_group):
+        acc += wk
+        if len(cuts) < CHUNKS and acc >= total * len(cuts) / CHUNKS and g + 1 < len(per_group):
+            cuts.append(g + 1)
+    cuts.append(len(per_group))
+    g0, g1, n0, n1 = [], [], [], []
+    for i in range(len(cuts) - 1):
+        a, b = cuts[i], cuts[i + 1]
+        g0.append(a)
+        g1.append(b)
+        n0.append(0 if i == 0 else int(groups.row0[a]))
+        n1.append(n_out if i == len(cuts) - 2 else int(groups.row0[b]))
+    ep = np.searchsorted(empty, n0 + [n_out]).tolist() if len(empty) else [0] * (len(n0) + 1)
+    return g0, g1, n0, n1, ep
+
+
+def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, name: str) -> str:
+    """C source of `void {name}(X, Y, M, W, bias)`: X is M x K row-major, Y is M x N row-major.
+
+    Work items are (tile of TILE rows of X) x (run of row chunks): each packs its tile of X
+    K-major into a private buffer, runs its groups into a private N x TILE buffer, fills the
+    rows no weight reaches, and writes its rows of that tile of Y. Large M takes all chunks
+    per item (one pack per tile); small M splits chunks over threads.
+    """
+    if act not in _ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {act!r}")
+    empty_rows = np.ones(n_out, dtype=bool)
+    for r0, r in zip(groups.row0, groups.rows):
+        empty_rows[r0:r0 + r] = False
+    empty = np.flatnonzero(empty_rows)
+    g0, g1, n0, n1, ep = _chunks(groups, n_out, empty)
+    tables = (_array("G_ROW0", groups.row0) + _array("G_ROWS", groups.rows) + _array("G_SEGPTR", groups.seg_ptr)
+              + _array("G_SEGK0", groups.seg_k0) + _array("G_SEGLEN", groups.seg_len)
+              + _array("G_WOFF", groups.w_off) + _array("EMPTY_ROWS", empty) + _array("C_G0", g0)
+              + _array("C_G1", g1) + _array("C_N0", n0) + _array("C_N1", n1) + _array("C_EPTR", ep))
+    dispatch = "\n".join(
+        f"                case {r}: " + " ".join(f"tile{r}(xb, yb, {j} * {_vectors(r)} * VEC, g, W, bias);"
+                                          for j in range(2 * V // _vectors(r))) + " break;"
+        for r in range(1, R_MAX + 1))
+    tiles = "".join(_tile_function(r, act) for r in range(1, R_MAX + 1))
+    return f"""#define VEC {vec}
+#define TILE ({2 * V} * VEC)
+#define K_IN {n_in}L
+#define N_OUT {n_out}L
+#define N_CHUNKS {len(g0)}L
+#include <stdlib.h>
+#include <omp.h>
+{_PRELUDE}
+static inline float bias_of(const float *bias, long n) {{ return bias ? bias[n] : 0.0f; }}
+{tables}{tiles}
+void {name}(const float *X, float *Y, long M, const float *W, const float *bias) {{
+    const long tiles = (M + TILE - 1) / TILE;
+    const long split = tiles >= 4 * omp_get_max_threads() ? 1 : N_CHUNKS;  /* chunk runs per tile */
+    #pragma omp parallel
+    {{
+        float *xb = aligned_alloc(64, sizeof(float) * K_IN * TILE);
+        float *yb = aligned_alloc(64, sizeof(float) * N_OUT * TILE);
+        const vf zero = {{0}}; const vf one = zero + 1.0f; (void)one;
+        #pragma omp for schedule(static)
+        for (long item = 0; item < tiles * split; ++item) {{
+            const long m0 = (item / split) * TILE;
+            const long c0 = split == 1 ? 0 : item % split, c1 = split == 1 ? N_CHUNKS : c0 + 1;
+            const long mt = M - m0 < TILE ? M - m0 : TILE;
+            for (long t = 0; t < mt; ++t) {{
+                const float *src = X + (m0 + t) * K_IN;
+                for (long k = 0; k < K_IN; ++k) xb[k * TILE + t] = src[k];
+            }}
+            for (long t = mt; t < TILE; ++t)
+                for (long k = 0; k < K_IN; ++k) xb[k * TILE + t] = 0.0f;
+            for (long g = C_G0[c0]; g < C_G1[c1 - 1]; ++g) {{
+                switch (G_ROWS[g]) {{
+{dispatch}
+                }}
+            }}
+            for (long e = C_EPTR[c0]; e < C_EPTR[c1]; ++e) {{  /* rows no kept weight reaches */
+                const long n = EMPTY_ROWS[e];
+                for (long t = 0; t < TILE; t += VEC) {{ vf v = zero + bias_of(bias, n); {_ACTIVATIONS[act]}
+                    ST(yb + n * TILE + t, v); }}
+            }}
+            const long r0 = C_N0[c0], r1 = C_N1[c1 - 1];
+            for (long t = 0; t < mt; ++t) {{
+                float *dst = Y + (m0 + t) * N_OUT;
+                for (long n = r0; n < r1; ++n) dst[n] = yb[n * TILE + t];
+            }}
+        }}
+        free(xb);
+        free(yb);
+    }}
+}}
+"""

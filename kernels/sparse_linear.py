@@ -1,0 +1,107 @@
+"""SparseLinear: an nn.Module running a pattern-specialized kernel, checked, with a dense fallback.
+
+Build: the kept-weight pattern becomes generated C (see bsr_codegen), compiled once and
+cached; the module then checks its output against the masked dense `F.linear` on a random
+input. A build or check failure is a warning and the module runs the dense reference.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import warnings
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sparta_explore.kernels.bsr_codegen import V, generate_source, pack_weights, plan_groups
+from sparta_explore.kernels.build import KernelBuildError, build, vector_width
+
+_ACT = {"none": lambda y: y, "relu": F.relu, "gelu": F.gelu}
+
+
+class KernelFallbackWarning(UserWarning):
+    """A kernel failed to build or to match its reference; the dense op runs instead."""
+
+
+class SparseLinear(nn.Module):
+    """y = act(x W_kept^T + b) through a generated kernel specialized to W's kept pattern.
+
+    `kept` is the bool mask of kept weights (a TeSA's `.kept`); `block_rows` tells how many
+    consecutive output rows share a pattern (the block height; 1 for 1xK or unstructured).
+
+    Example:
+        >>> lin = nn.Linear(64, 32)
+        >>> kept = torch.rand(32, 64) > 0.9
+        >>> sl = SparseLinear(lin.weight, lin.bias, kept, block_rows=1)
+        >>> torch.allclose(sl(x := torch.randn(5, 64)), F.linear(x, lin.weight * kept, lin.bias), atol=1e-4)
+        True
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kept: torch.Tensor, *, block_rows: int = 1,
+                 activation: str = "none", cache_dir: str | os.PathLike | None = None, check: bool = True) -> None:
+        super().__init__()
+        if activation not in _ACT:
+            raise ValueError(f"activation must be one of {sorted(_ACT)}, got {activation!r}")
+        if kept.shape != weight.shape:
+            raise ValueError(f"kept mask {tuple(kept.shape)} does not match weight {tuple(weight.shape)}")
+        self.out_features, self.in_features = weight.shape
+        self.activation = activation
+        masked = (weight.detach() * kept).float().contiguous()
+        self.register_buffer("weight", masked)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
+        self.density = float(kept.float().mean())
+        self.fallback_reason: str | None = None
+        self._fn = None
+        try:
+            self._build(kept.cpu().numpy().astype(bool), max(1, int(block_rows)), cache_dir)
+            if check:
+                self._check()
+        except (KernelBuildError, OSError, AssertionError, ValueError) as e:
+            self.fallback_reason = str(e)
+            self._fn = None
+            warnings.warn(f"SparseLinear {self.out_features}x{self.in_features}: kernel unusable ({e}); "
+                          "running the dense op", KernelFallbackWarning, stacklevel=2)
+
+    def _build(self, kept: np.ndarray, block_rows: int, cache_dir) -> None:
+        groups = plan_groups(kept, block_rows)
+        self._vec = vector_width()
+        self._tile = 2 * V * self._vec
+        name = "sparse_linear"
+        source = generate_source(groups, self.out_features, self.in_features, self._vec, self.activation, name)
+        self.built = build(source, name, cache_dir=cache_dir)
+        fn = getattr(self.built.lib, name)
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+        self._packed = torch.from_numpy(pack_weights(self.weight.numpy(), kept, groups))
+        self._fn = fn
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """The masked dense op this kernel must match."""
+        return _ACT[self.activation](F.linear(x, self.weight, self.bias))
+
+    def _check(self) -> None:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(2 * self._tile + 3, self.in_features, generator=g)
+        got, want = self.forward(x), self.reference(x)
+        tol = 1e-4 * (1 + float(want.abs().max()))
+        err = float((got - want).abs().max())
+        if not err <= tol:
+            raise AssertionError(f"max error {err:.3g} over tolerance {tol:.3g}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._fn is None:
+            return self.reference(x)
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features).float().contiguous()
+        y = torch.empty(x2.shape[0], self.out_features)
+        self._fn(x2.data_ptr(), y.data_ptr(), x2.shape[0], self._packed.data_ptr(),
+                 None if self.bias is None else self.bias.data_ptr())
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        state = "dense fallback" if self._fn is None else f"kernel {self.built.key}"
+        return (f"in={self.in_features}, out={self.out_features}, density={self.density:.3f}, "
+                f"act={self.activation}, {state}")

@@ -1,0 +1,118 @@
+"""SparseLinear matches the masked dense op on every pattern, shape and activation, or falls back."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sparta_explore.kernels import KernelFallbackWarning, SparseLinear
+from sparta_explore.kernels import sparse_linear as sparse_linear_module
+from sparta_explore.kernels.build import KernelBuildError
+
+
+def block_mask(n, k, block, density, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    br, bk = block
+    grid = torch.rand(-(-n // br), -(-k // bk), generator=g) < density
+    return grid.repeat_interleave(br, 0).repeat_interleave(bk, 1)[:n, :k]
+
+
+def check(layer, m, k, seed=1):
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed))
+    got, want = layer(x), layer.reference(x)
+    assert got.shape == want.shape
+    assert torch.allclose(got, want, atol=1e-4 * (1 + float(want.abs().max())), rtol=1e-5)
+
+
+@pytest.mark.parametrize("block", [(32, 32), (1, 32), (16, 16), (32, 64), (64, 32), (1, 1)])
+@pytest.mark.parametrize("shape", [(96, 128), (70, 45)])  # the second leaves ragged edge blocks
+@pytest.mark.parametrize("density", [0.0, 0.1, 0.5, 1.0])  # all-zero weights ... fully dense
+def test_block_patterns_match_reference(tmp_path, block, shape, density):
+    n, k = shape
+    w, b = torch.randn(n, k), torch.randn(n)
+    layer = SparseLinear(w, b, block_mask(n, k, block, density), block_rows=block[0], cache_dir=tmp_path)
+    assert layer.fallback_reason is None
+    for m in (1, 5, 49, 130):  # batch 1, below one tile, ragged tiles, several tiles
+        check(layer, m, k)
+
+
+def test_empty_block_rows_and_no_bias(tmp_path):
+    kept = block_mask(64, 64, (16, 16), 0.5)
+    kept[16:48] = False  # two empty block rows: those outputs are exactly zero
+    layer = SparseLinear(torch.randn(64, 64), None, kept, block_rows=16, cache_dir=tmp_path)
+    y = layer(torch.randn(7, 64))
+    assert torch.equal(y[:, 16:48], torch.zeros(7, 32))
+    check(layer, 7, 64)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_fused_activations(tmp_path, activation):
+    layer = SparseLinear(torch.randn(40, 24), torch.randn(40), block_mask(40, 24, (4, 4), 0.4), block_rows=4,
+                         activation=activation, cache_dir=tmp_path)
+    check(layer, 33, 24)
+    # pruned rows still see act(bias): gelu(b) or relu(b), not 0
+    kept = torch.zeros(40, 24, dtype=torch.bool)
+    empty = SparseLinear(torch.randn(40, 24), torch.randn(40), kept, activation=activation, cache_dir=tmp_path)
+    check(empty, 3, 24)
+
+
+def test_leading_dims_are_kept(tmp_path):
+    layer = SparseLinear(torch.randn(8, 6), torch.randn(8), torch.rand(8, 6) > 0.5, cache_dir=tmp_path)
+    x = torch.randn(2, 3, 6)
+    assert layer(x).shape == (2, 3, 8)
+    assert torch.allclose(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5)
+
+
+def test_cached_build_is_reused(tmp_path):
+    kept = block_mask(32, 32, (8, 8), 0.5)
+    first = SparseLinear(torch.randn(32, 32), None, kept, block_rows=8, cache_dir=tmp_path)
+    second = SparseLinear(torch.randn(32, 32), None, kept, block_rows=8, cache_dir=tmp_path)
+    assert not first.built.cached and second.built.cached  # same pattern: same code, values are data
+    assert first.built.key == second.built.key
+
+
+def test_build_failure_falls_back_with_warning(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise KernelBuildError("gcc failed building sparse_linear: simulated")
+
+    monkeypatch.setattr(sparse_linear_module, "build", broken)
+    with pytest.warns(KernelFallbackWarning, match="simulated"):
+        layer = SparseLinear(torch.randn(8, 6), torch.randn(8), torch.rand(8, 6) > 0.5, cache_dir=tmp_path)
+    assert layer.fallback_reason and "simulated" in layer.fallback_reason
+    x = torch.randn(3, 6)
+    assert torch.equal(layer(x), layer.reference(x))
+
+
+def test_wrong_numerics_fall_back(tmp_path, monkeypatch):
+    original = sparse_linear_module.pack_weights
+
+    def corrupt(*args, **kwargs):
+        return original(*args, **kwargs) * 2  # a kernel that computes the wrong thing
+
+    monkeypatch.setattr(sparse_linear_module, "pack_weights", corrupt)
+    with pytest.warns(KernelFallbackWarning, match="max error"):
+        layer = SparseLinear(torch.randn(16, 16), None, torch.rand(16, 16) > 0.3, cache_dir=tmp_path)
+    x = torch.randn(4, 16)
+    assert torch.equal(layer(x), layer.reference(x))
+
+
+def test_bad_arguments_are_clear_errors():
+    with pytest.raises(ValueError, match="activation"):
+        SparseLinear(torch.randn(4, 4), None, torch.ones(4, 4, dtype=torch.bool), activation="swish")
+    with pytest.raises(ValueError, match="kept mask"):
+        SparseLinear(torch.randn(4, 4), None, torch.ones(4, 5, dtype=torch.bool))
+
+
+@pytest.mark.slow
+def test_bert_shapes_large_m(tmp_path):
+    for k, n in ((768, 3072), (3072, 768)):
+        layer = SparseLinear(torch.randn(n, k), torch.randn(n), block_mask(n, k, (32, 32), 0.1), block_rows=32,
+                             activation="gelu", cache_dir=tmp_path)
+        check(layer, 4096, k)
+
+
+def test_no_warning_on_the_happy_path(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        SparseLinear(torch.randn(8, 8), None, torch.rand(8, 8) > 0.5, cache_dir=tmp_path)
