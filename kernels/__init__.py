@@ -10,6 +10,7 @@ Example:
 """
 
 from sparta_explore.kernels.build import KernelBuildError, build, cpu_flags, vector_width
-from sparta_explore.kernels.sparse_linear import KernelFallbackWarning, SparseLinear
+from sparta_explore.kernels.shrink import ShrunkLinear
+from sparta_explore.kernels.sparse_linear import Int8SparseLinear, KernelFallbackWarning, KernelLinear, SparseLinear
 
-__all__ = ["KernelBuildError", "KernelFallbackWarning", "SparseLinear", "build", "cpu_flags", "vector_width"]
+__all__ = ["Int8SparseLinear", "KernelBuildError", "KernelFallbackWarning", "KernelLinear", "ShrunkLinear", "SparseLinear", "build", "cpu_flags", "vector_width"]

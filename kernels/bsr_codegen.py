@@ -225,7 +225,7 @@ def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, n
               + _array("G_WOFF", groups.w_off) + _array("EMPTY_ROWS", empty) + _array("C_G0", g0)
               + _array("C_G1", g1) + _array("C_N0", n0) + _array("C_N1", n1) + _array("C_EPTR", ep))
     dispatch = "\n".join(
-        f"                case {r}: " + " ".join(f"tile{r}(xb, yb, {j} * {_vectors(r)} * VEC, g, W, bias);"
+        f"                case {r}: " + " ".join(f"tile{r}(xt, yb, {j} * {_vectors(r)} * VEC, g, W, bias);"
                                           for j in range(2 * V // _vectors(r))) + " break;"
         for r in range(1, R_MAX + 1))
     tiles = "".join(_tile_function(r, act) for r in range(1, R_MAX + 1))
@@ -239,25 +239,54 @@ def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, n
 {_PRELUDE}
 static inline float bias_of(const float *bias, long n) {{ return bias ? bias[n] : 0.0f; }}
 {tables}{tiles}
+static void pack_tile(const float *X, float *xb, long m0, long mt) {{
+    /* xb[k][t] = X[m0 + t][k]; blocked over k so the written rows of xb stay in L1 */
+    for (long k0 = 0; k0 < K_IN; k0 += 64) {{
+        const long k1 = k0 + 64 < K_IN ? k0 + 64 : K_IN;
+        for (long t = 0; t < mt; ++t) {{
+            const float *src = X + (m0 + t) * K_IN;
+            for (long k = k0; k < k1; ++k) xb[k * TILE + t] = src[k];
+        }}
+        for (long t = mt; t < TILE; ++t)
+            for (long k = k0; k < k1; ++k) xb[k * TILE + t] = 0.0f;
+    }}
+}}
+
+static void unpack_tile(const float *yb, float *Y, long m0, long mt, long r0, long r1) {{
+    /* Y[m0 + t][n] = yb[n][t] for rows r0..r1; blocked over n so the read rows of yb stay in L1 */
+    for (long n0 = r0; n0 < r1; n0 += 64) {{
+        const long n1 = n0 + 64 < r1 ? n0 + 64 : r1;
+        for (long t = 0; t < mt; ++t) {{
+            float *dst = Y + (m0 + t) * N_OUT;
+            for (long n = n0; n < n1; ++n) dst[n] = yb[n * TILE + t];
+        }}
+    }}
+}}
+
 void {name}(const float *X, float *Y, long M, const float *W, const float *bias) {{
     const long tiles = (M + TILE - 1) / TILE;
     const long split = tiles >= 4 * omp_get_max_threads() ? 1 : N_CHUNKS;  /* chunk runs per tile */
+    /* small M: every tile is packed once into a shared buffer, then chunks split over threads */
+    float *shared = split == 1 ? NULL : aligned_alloc(64, sizeof(float) * K_IN * TILE * tiles);
     #pragma omp parallel
     {{
-        float *xb = aligned_alloc(64, sizeof(float) * K_IN * TILE);
+        float *xb = split == 1 ? aligned_alloc(64, sizeof(float) * K_IN * TILE) : NULL;
         float *yb = aligned_alloc(64, sizeof(float) * N_OUT * TILE);
         const vf zero = {{0}}; const vf one = zero + 1.0f; (void)one;
+        if (split != 1) {{
+            #pragma omp for schedule(static)
+            for (long i = 0; i < tiles; ++i) {{
+                const long m0 = i * TILE;
+                pack_tile(X, shared + i * K_IN * TILE, m0, M - m0 < TILE ? M - m0 : TILE);
+            }}
+        }}
         #pragma omp for schedule(static)
         for (long item = 0; item < tiles * split; ++item) {{
-            const long m0 = (item / split) * TILE;
+            const long tile = item / split, m0 = tile * TILE;
             const long c0 = split == 1 ? 0 : item % split, c1 = split == 1 ? N_CHUNKS : c0 + 1;
             const long mt = M - m0 < TILE ? M - m0 : TILE;
-            for (long t = 0; t < mt; ++t) {{
-                const float *src = X + (m0 + t) * K_IN;
-                for (long k = 0; k < K_IN; ++k) xb[k * TILE + t] = src[k];
-            }}
-            for (long t = mt; t < TILE; ++t)
-                for (long k = 0; k < K_IN; ++k) xb[k * TILE + t] = 0.0f;
+            if (split == 1) pack_tile(X, xb, m0, mt);
+            const float *xt = split == 1 ? xb : shared + tile * K_IN * TILE;
             for (long g = C_G0[c0]; g < C_G1[c1 - 1]; ++g) {{
                 switch (G_ROWS[g]) {{
 {dispatch}
@@ -268,14 +297,11 @@ void {name}(const float *X, float *Y, long M, const float *W, const float *bias)
                 for (long t = 0; t < TILE; t += VEC) {{ vf v = zero + bias_of(bias, n); {_ACTIVATIONS[act]}
                     ST(yb + n * TILE + t, v); }}
             }}
-            const long r0 = C_N0[c0], r1 = C_N1[c1 - 1];
-            for (long t = 0; t < mt; ++t) {{
-                float *dst = Y + (m0 + t) * N_OUT;
-                for (long n = r0; n < r1; ++n) dst[n] = yb[n * TILE + t];
-            }}
+            unpack_tile(yb, Y, m0, mt, C_N0[c0], C_N1[c1 - 1]);
         }}
         free(xb);
         free(yb);
     }}
+    free(shared);
 }}
 """

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from sparta_explore.kernels.bsr_codegen import V, generate_source, pack_weights, plan_groups
-from sparta_explore.kernels.build import KernelBuildError, build, vector_width
+from sparta_explore.kernels.build import KernelBuildError, build, cpu_flags, vector_width
+from sparta_explore.kernels.int8_codegen import even_segments, generate_int8_source, pack_pairs, quantize_rows
 
 _ACT = {"none": lambda y: y, "relu": F.relu, "gelu": F.gelu}
 
@@ -26,19 +27,14 @@ class KernelFallbackWarning(UserWarning):
     """A kernel failed to build or to match its reference; the dense op runs instead."""
 
 
-class SparseLinear(nn.Module):
-    """y = act(x W_kept^T + b) through a generated kernel specialized to W's kept pattern.
+class KernelLinear(nn.Module):
+    """Shared life cycle of kernel-backed linears: build, check against `reference`, or fall back.
 
-    `kept` is the bool mask of kept weights (a TeSA's `.kept`); `block_rows` tells how many
-    consecutive output rows share a pattern (the block height; 1 for 1xK or unstructured).
-
-    Example:
-        >>> lin = nn.Linear(64, 32)
-        >>> kept = torch.rand(32, 64) > 0.9
-        >>> sl = SparseLinear(lin.weight, lin.bias, kept, block_rows=1)
-        >>> torch.allclose(sl(x := torch.randn(5, 64)), F.linear(x, lin.weight * kept, lin.bias), atol=1e-4)
-        True
+    Subclasses implement `_build(kept, block_rows, cache_dir)` (setting `self._fn`),
+    `_run(x2, y)` and `reference(x)`.
     """
+
+    kind = "kernel"
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kept: torch.Tensor, *, block_rows: int = 1,
                  activation: str = "none", cache_dir: str | os.PathLike | None = None, check: bool = True) -> None:
@@ -62,25 +58,8 @@ class SparseLinear(nn.Module):
         except (KernelBuildError, OSError, AssertionError, ValueError) as e:
             self.fallback_reason = str(e)
             self._fn = None
-            warnings.warn(f"SparseLinear {self.out_features}x{self.in_features}: kernel unusable ({e}); "
-                          "running the dense op", KernelFallbackWarning, stacklevel=2)
-
-    def _build(self, kept: np.ndarray, block_rows: int, cache_dir) -> None:
-        groups = plan_groups(kept, block_rows)
-        self._vec = vector_width()
-        self._tile = 2 * V * self._vec
-        name = "sparse_linear"
-        source = generate_source(groups, self.out_features, self.in_features, self._vec, self.activation, name)
-        self.built = build(source, name, cache_dir=cache_dir)
-        fn = getattr(self.built.lib, name)
-        fn.restype = None
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
-        self._packed = torch.from_numpy(pack_weights(self.weight.numpy(), kept, groups))
-        self._fn = fn
-
-    def reference(self, x: torch.Tensor) -> torch.Tensor:
-        """The masked dense op this kernel must match."""
-        return _ACT[self.activation](F.linear(x, self.weight, self.bias))
+            warnings.warn(f"{type(self).__name__} {self.out_features}x{self.in_features}: kernel unusable ({e}); "
+                          "running the reference op", KernelFallbackWarning, stacklevel=2)
 
     def _check(self) -> None:
         g = torch.Generator().manual_seed(0)
@@ -97,11 +76,92 @@ class SparseLinear(nn.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).float().contiguous()
         y = torch.empty(x2.shape[0], self.out_features)
-        self._fn(x2.data_ptr(), y.data_ptr(), x2.shape[0], self._packed.data_ptr(),
-                 None if self.bias is None else self.bias.data_ptr())
+        self._run(x2, y)
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
-        state = "dense fallback" if self._fn is None else f"kernel {self.built.key}"
+        state = f"reference fallback ({self.fallback_reason})" if self._fn is None else f"kernel {self.built.key}"
         return (f"in={self.in_features}, out={self.out_features}, density={self.density:.3f}, "
                 f"act={self.activation}, {state}")
+
+
+class SparseLinear(KernelLinear):
+    """y = act(x W_kept^T + b) in fp32 through a kernel specialized to W's kept pattern.
+
+    `kept` is the bool mask of kept weights (a TeSA's `.kept`); `block_rows` tells how many
+    consecutive output rows share a pattern (the block height; 1 for 1xK or unstructured).
+
+    Example:
+        >>> lin = nn.Linear(64, 32)
+        >>> kept = torch.rand(32, 64) > 0.9
+        >>> sl = SparseLinear(lin.weight, lin.bias, kept, block_rows=1)
+        >>> torch.allclose(sl(x := torch.randn(5, 64)), F.linear(x, lin.weight * kept, lin.bias), atol=1e-4)
+        True
+    """
+
+    def _build(self, kept: np.ndarray, block_rows: int, cache_dir) -> None:
+        groups = plan_groups(kept, block_rows)
+        self._vec = vector_width()
+        self._tile = 2 * V * self._vec
+        name = "sparse_linear"
+        source = generate_source(groups, self.out_features, self.in_features, self._vec, self.activation, name)
+        self.built = build(source, name, cache_dir=cache_dir)
+        fn = getattr(self.built.lib, name)
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+        self._packed = torch.from_numpy(pack_weights(self.weight.numpy(), kept, groups))
+        self._fn = fn
+
+    def _run(self, x2: torch.Tensor, y: torch.Tensor) -> None:
+        self._fn(x2.data_ptr(), y.data_ptr(), x2.shape[0], self._packed.data_ptr(),
+                 None if self.bias is None else self.bias.data_ptr())
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """The masked dense op this kernel must match."""
+        return _ACT[self.activation](F.linear(x, self.weight, self.bias))
+
+
+class Int8SparseLinear(KernelLinear):
+    """y = act(dequant(q(x) q(W_kept)^T) + b): int8 activations (per row) and weights (per output row).
+
+    Integer products accumulate exactly in int32 (AVX2 `vpmaddwd` on int16 pairs), so the
+    kernel matches `reference`, the same quantization done in PyTorch, to float rounding.
+
+    Example:
+        >>> q = Int8SparseLinear(lin.weight, lin.bias, kept, block_rows=32)  # doctest: +SKIP
+    """
+
+    def _build(self, kept: np.ndarray, block_rows: int, cache_dir) -> None:
+        if "avx2" not in cpu_flags():
+            raise ValueError("int8 kernels need AVX2")
+        groups = even_segments(plan_groups(kept, block_rows))
+        wq, scale = quantize_rows(self.weight.numpy(), kept)
+        self.register_buffer("weight_q", torch.from_numpy(wq))
+        self.register_buffer("weight_scale", torch.from_numpy(scale))
+        self._tile = 2 * V * 8
+        name = "sparse_linear_int8"
+        source = generate_int8_source(groups, self.out_features, self.in_features, self.activation, name)
+        self.built = build(source, name, cache_dir=cache_dir)
+        fn = getattr(self.built.lib, name)
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
+                       ctypes.c_void_p]
+        self._packed = torch.from_numpy(pack_pairs(wq, groups))
+        self._fn = fn
+
+    def _run(self, x2: torch.Tensor, y: torch.Tensor) -> None:
+        self._fn(x2.data_ptr(), y.data_ptr(), x2.shape[0], self._packed.data_ptr(), self.weight_scale.data_ptr(),
+                 None if self.bias is None else self.bias.data_ptr())
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """The same quantization in PyTorch: per-row symmetric int8 x, per-output-row int8 W, fp32 out."""
+        if not hasattr(self, "weight_q"):  # the build failed before quantizing: plain masked fp32
+            return _ACT[self.activation](F.linear(x, self.weight, self.bias))
+        amax = x.abs().amax(dim=-1, keepdim=True)
+        sx = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+        xq = torch.round(x / sx).clamp(-127, 127)
+        acc = F.linear(xq.double(), self.weight_q.double()).float()  # exact integer sums
+        y = acc * sx * self.weight_scale
+        if self.bias is not None:
+            y = y + self.bias
+        return _ACT[self.activation](y)

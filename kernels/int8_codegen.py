@@ -1,0 +1,200 @@
+"""C source generation for pattern-specialized int8 sparse (and dense) linear kernels.
+
+Same plan as the fp32 kernels (row groups, k segments baked as constant arrays, each
+thread packs a tile of X), with integer arithmetic:
+
+* activations are quantized per row (per token) while packing: scale = max|x| / 127,
+  q = round-half-even(x / scale) in [-127, 127], stored as int16 with k pairs interleaved;
+* weights are int8 per output row (scale = max|w| / 127), packed as (w[2p], w[2p+1]) int16
+  pairs so one `vpmaddwd` multiplies 8 rows of X by a broadcast weight pair: 16 exact
+  multiply-adds into int32 (no saturation, unlike u8 x s8 `vpmaddubsw`);
+* the epilogue dequantizes (acc * x_scale[m] * w_scale[n]), adds the bias and applies the
+  activation in fp32. AVX2 intrinsics: runs on every x86-64 machine of this project.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sparta_explore.kernels.bsr_codegen import _ACTIVATIONS, _PRELUDE, R_MAX, V, Groups, _array, _chunks, _vectors
+
+
+def even_segments(groups: Groups) -> Groups:
+    """Segments widened to start and end on even k (the extra k carries a zero weight)."""
+    k0 = groups.seg_k0 - (groups.seg_k0 % 2)
+    end = groups.seg_k0 + groups.seg_len
+    end = end + (end % 2)
+    lengths = end - k0
+    w_off, offset = [], 0
+    for g in range(len(groups.row0)):
+        w_off.append(offset)
+        offset += int(lengths[groups.seg_ptr[g]:groups.seg_ptr[g + 1]].sum()) // 2 * int(groups.rows[g])
+    return Groups(groups.row0, groups.rows, groups.seg_ptr, k0, lengths, np.asarray(w_off, dtype=np.int64))
+
+
+def quantize_rows(weight: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 per output row over the kept weights: (int8 weights, float32 scales)."""
+    w = np.where(kept, weight, 0.0).astype(np.float32)
+    amax = np.abs(w).max(axis=1)
+    scale = np.where(amax > 0, amax / np.float32(127.0), np.float32(1.0)).astype(np.float32)
+    q = np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def pack_pairs(wq: np.ndarray, groups: Groups) -> np.ndarray:
+    """int8 weights in kernel order: per group, per k pair, per row, (w[2p], w[2p+1]) as one int32."""
+    n, k = wq.shape
+    wpad = np.zeros((n, k + 1), dtype=np.int32)
+    wpad[:, :k] = wq
+    parts = []
+    for g in range(len(groups.row0)):
+        r0, r = int(groups.row0[g]), int(groups.rows[g])
+        for s in range(int(groups.seg_ptr[g]), int(groups.seg_ptr[g + 1])):
+            k0, length = int(groups.seg_k0[s]), int(groups.seg_len[s])
+            block = wpad[r0:r0 + r, k0:k0 + length]  # (r, length), length even
+            lo, hi = block[:, 0::2], block[:, 1::2]
+            pairs = (lo & 0xFFFF) | (hi << 16)  # little endian: k even in the low half
+            parts.append(pairs.T.reshape(-1).astype(np.int32))
+    return np.concatenate(parts) if parts else np.zeros(1, dtype=np.int32)
+
+
+def _tile(r: int, act: str) -> str:
+    v = _vectors(r)
+    acc = " ".join(f"__m256i a{i}{j} = _mm256_setzero_si256();" for i in range(r) for j in range(v))
+    loads = " ".join(f"const __m256i x{j} = _mm256_loadu_si256((const __m256i *)(x + {j} * 16));" for j in range(v))
+    bcast = " ".join(f"const __m256i w{i} = _mm256_set1_epi32(w[{i}]);" for i in range(r))
+    madds = " ".join(f"a{i}{j} = _mm256_add_epi32(a{i}{j}, _mm256_madd_epi16(x{j}, w{i}));"
+                     for i in range(r) for j in range(v))
+    stores = []
+    for i in range(r):
+        for j in range(v):
+            stores.append(f"{{ vf v = (vf)_mm256_cvtepi32_ps(a{i}{j}) * LD(sx + t + {j} * 8) * ws[n0 + {i}]"
+                          f" + bias_of(bias, n0 + {i}); {_ACTIVATIONS[act]} "
+                          f"ST(yb + (n0 + {i}) * TILE + t + {j} * 8, v); }}")
+    return f"""
+static inline void qtile{r}(const int16_t *xq, const float *sx, float *yb, long t, long g, const int32_t *W,
+                           const float *ws, const float *bias) {{
+    const vf zero = {{0}}; const vf one = zero + 1.0f; (void)one;
+    {acc}
+    const long n0 = G_ROW0[g];
+    const int32_t *w = W + G_WOFF[g];
+    for (long s = G_SEGPTR[g]; s < G_SEGPTR[g + 1]; ++s) {{
+        const int16_t *x = xq + (G_SEGK0[s] / 2) * TILE * 2 + t * 2;
+        for (long p = G_SEGLEN[s] / 2; p > 0; --p, x += 2 * TILE, w += {r}) {{
+            {loads}
+            {bcast}
+            {madds}
+        }}
+    }}
+    {" ".join(stores)}
+}}
+"""
+
+
+def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: str) -> str:
+    """C source of `void {name}(X, Y, M, W, w_scale, bias)`: fp32 in and out, int8 inside."""
+    if act not in _ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {act!r}")
+    empty_rows = np.ones(n_out, dtype=bool)
+    for r0, r in zip(groups.row0, groups.rows):
+        empty_rows[r0:r0 + r] = False
+    empty = np.flatnonzero(empty_rows)
+    g0, g1, n0, n1, ep = _chunks(groups, n_out, empty)
+    tables = (_array("G_ROW0", groups.row0) + _array("G_ROWS", groups.rows) + _array("G_SEGPTR", groups.seg_ptr)
+              + _array("G_SEGK0", groups.seg_k0) + _array("G_SEGLEN", groups.seg_len)
+              + _array("G_WOFF", groups.w_off) + _array("EMPTY_ROWS", empty) + _array("C_G0", g0)
+              + _array("C_G1", g1) + _array("C_N0", n0) + _array("C_N1", n1) + _array("C_EPTR", ep))
+    dispatch = "\n".join(
+        f"                case {r}: " + " ".join(f"qtile{r}(xq, sx, yb, {j} * {_vectors(r)} * 8, g, W, ws, bias);"
+                                          for j in range(2 * V // _vectors(r))) + " break;"
+        for r in range(1, R_MAX + 1))
+    k_pad = n_in + (n_in % 2)
+    return f"""#define VEC 8
+#define TILE ({2 * V} * 8)
+#define K_IN {n_in}L
+#define K_PAD {k_pad}L
+#define N_OUT {n_out}L
+#define N_CHUNKS {len(g0)}L
+#include <stdlib.h>
+#include <math.h>
+#include <omp.h>
+#include <immintrin.h>
+{_PRELUDE}
+static inline float bias_of(const float *bias, long n) {{ return bias ? bias[n] : 0.0f; }}
+{tables}{"".join(_tile(r, act) for r in range(1, R_MAX + 1))}
+static void pack_tile(const float *X, int16_t *xq, float *sx, long m0, long mt) {{
+    /* per row: scale = max|x| / 127, q = round-half-even(x / scale); k pairs interleaved */
+    for (long t = 0; t < TILE; ++t) {{
+        if (t >= mt) {{
+            sx[t] = 0.0f;
+            for (long k = 0; k < K_PAD; ++k) xq[((k / 2) * TILE + t) * 2 + (k & 1)] = 0;
+            continue;
+        }}
+        const float *src = X + (m0 + t) * K_IN;
+        float amax = 0.0f;
+        for (long k = 0; k < K_IN; ++k) {{ const float a = fabsf(src[k]); amax = a > amax ? a : amax; }}
+        const float scale = amax > 0.0f ? amax / 127.0f : 1.0f;
+        sx[t] = scale;
+        for (long k = 0; k < K_IN; ++k) {{
+            float q = nearbyintf(src[k] / scale);
+            q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
+            xq[((k / 2) * TILE + t) * 2 + (k & 1)] = (int16_t)q;
+        }}
+        if (K_PAD > K_IN) xq[((K_IN / 2) * TILE + t) * 2 + 1] = 0;
+    }}
+}}
+
+static void unpack_tile(const float *yb, float *Y, long m0, long mt, long r0, long r1) {{
+    for (long b0 = r0; b0 < r1; b0 += 64) {{
+        const long b1 = b0 + 64 < r1 ? b0 + 64 : r1;
+        for (long t = 0; t < mt; ++t) {{
+            float *dst = Y + (m0 + t) * N_OUT;
+            for (long n = b0; n < b1; ++n) dst[n] = yb[n * TILE + t];
+        }}
+    }}
+}}
+
+void {name}(const float *X, float *Y, long M, const int32_t *W, const float *ws, const float *bias) {{
+    const long tiles = (M + TILE - 1) / TILE;
+    const long split = tiles >= 4 * omp_get_max_threads() ? 1 : N_CHUNKS;
+    int16_t *sq = split == 1 ? NULL : aligned_alloc(64, sizeof(int16_t) * K_PAD * TILE * tiles);
+    float *ss = split == 1 ? NULL : aligned_alloc(64, sizeof(float) * TILE * tiles);
+    #pragma omp parallel
+    {{
+        int16_t *xb = split == 1 ? aligned_alloc(64, sizeof(int16_t) * K_PAD * TILE) : NULL;
+        float *sb = split == 1 ? aligned_alloc(64, sizeof(float) * TILE) : NULL;
+        float *yb = aligned_alloc(64, sizeof(float) * N_OUT * TILE);
+        const vf zero = {{0}}; const vf one = zero + 1.0f; (void)one;
+        if (split != 1) {{
+            #pragma omp for schedule(static)
+            for (long i = 0; i < tiles; ++i)
+                pack_tile(X, sq + i * K_PAD * TILE, ss + i * TILE, i * TILE, M - i * TILE < TILE ? M - i * TILE : TILE);
+        }}
+        #pragma omp for schedule(static)
+        for (long item = 0; item < tiles * split; ++item) {{
+            const long tile = item / split, m0 = tile * TILE;
+            const long c0 = split == 1 ? 0 : item % split, c1 = split == 1 ? N_CHUNKS : c0 + 1;
+            const long mt = M - m0 < TILE ? M - m0 : TILE;
+            if (split == 1) pack_tile(X, xb, sb, m0, mt);
+            const int16_t *xq = split == 1 ? xb : sq + tile * K_PAD * TILE;
+            const float *sx = split == 1 ? sb : ss + tile * TILE;
+            for (long g = C_G0[c0]; g < C_G1[c1 - 1]; ++g) {{
+                switch (G_ROWS[g]) {{
+{dispatch}
+                }}
+            }}
+            for (long e = C_EPTR[c0]; e < C_EPTR[c1]; ++e) {{
+                const long n = EMPTY_ROWS[e];
+                for (long t = 0; t < TILE; t += VEC) {{ vf v = zero + bias_of(bias, n); {_ACTIVATIONS[act]}
+                    ST(yb + n * TILE + t, v); }}
+            }}
+            unpack_tile(yb, Y, m0, mt, C_N0[c0], C_N1[c1 - 1]);
+        }}
+        free(xb);
+        free(sb);
+        free(yb);
+    }}
+    free(sq);
+    free(ss);
+}}
+"""

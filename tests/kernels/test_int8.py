@@ -1,0 +1,49 @@
+"""Int8SparseLinear: exact integer accumulation, so it matches the same quantization in PyTorch."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sparta_explore.kernels import Int8SparseLinear
+from sparta_explore.kernels.int8_codegen import pack_pairs, quantize_rows
+
+from .test_sparse_linear import block_mask, check
+
+
+@pytest.mark.parametrize("block", [(32, 32), (1, 32), (16, 16), (1, 1)])
+@pytest.mark.parametrize("shape", [(96, 128), (70, 45)])  # odd K exercises the k-pair padding
+@pytest.mark.parametrize("density", [0.0, 0.1, 1.0])
+def test_int8_patterns_match_quantized_reference(tmp_path, block, shape, density):
+    n, k = shape
+    layer = Int8SparseLinear(torch.randn(n, k), torch.randn(n), block_mask(n, k, block, density),
+                             block_rows=block[0], cache_dir=tmp_path)
+    assert layer.fallback_reason is None
+    for m in (1, 49, 130):
+        check(layer, m, k)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_int8_fused_activation_and_accuracy(tmp_path, activation):
+    w, b = torch.randn(64, 48), torch.randn(64)
+    kept = block_mask(64, 48, (8, 8), 0.5)
+    layer = Int8SparseLinear(w, b, kept, block_rows=8, activation=activation, cache_dir=tmp_path)
+    x = torch.randn(20, 48)
+    check(layer, 20, 48)
+    fp32 = {"relu": F.relu, "gelu": F.gelu}[activation](F.linear(x, w * kept, b))
+    # int8 error against fp32: a few quantization steps, far below the signal
+    assert float((layer(x) - fp32).abs().max()) < 0.05 * float(fp32.abs().max())
+
+
+def test_zero_rows_and_inputs_quantize_safely(tmp_path):
+    layer = Int8SparseLinear(torch.randn(16, 16), None, torch.rand(16, 16) > 0.5, cache_dir=tmp_path)
+    x = torch.zeros(5, 16)  # max|x| = 0: the scale falls back to 1 instead of dividing by zero
+    assert torch.equal(layer(x), torch.zeros(5, 16))
+
+
+def test_weight_pairs_pack_little_endian():
+    wq, scale = quantize_rows(torch.tensor([[127.0, -127.0, 0.0, 63.5]]).numpy(), torch.ones(1, 4).bool().numpy())
+    assert wq.tolist() == [[127, -127, 0, 64]] and scale.tolist() == [1.0]
+    from sparta_explore.kernels.bsr_codegen import plan_groups
+    from sparta_explore.kernels.int8_codegen import even_segments
+    pairs = pack_pairs(wq, even_segments(plan_groups(torch.ones(1, 4).bool().numpy(), 1)))
+    assert [(int(p) & 0xFFFF, int(p) >> 16) for p in pairs] == [(127, -127), (0, 64)]
