@@ -13,4 +13,5 @@ from sparta_explore.kernels.build import KernelBuildError, build, cpu_flags, vec
 from sparta_explore.kernels.shrink import ShrunkLinear
 from sparta_explore.kernels.sparse_linear import Int8SparseLinear, KernelFallbackWarning, KernelLinear, SparseLinear
 
-__all__ = ["Int8SparseLinear", "KernelBuildError", "KernelFallbackWarning", "KernelLinear", "ShrunkLinear", "SparseLinear", "build", "cpu_flags", "vector_width"]
+__all__ = ["Int8SparseLinear", "KernelBuildError", "KernelFallbackWarning", "KernelLinear", "ShrunkLinear",
+           "SparseLinear", "build", "cpu_flags", "vector_width"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sparta_explore.kernels.bsr_codegen import _ACTIVATIONS, _PRELUDE, R_MAX, V, Groups, _array, _chunks, _vectors
+from sparta_explore.kernels.bsr_codegen import _ACTIVATIONS, _PRELUDE, R_MAX, Groups, V, _array, _chunks, _vectors
 
 
 def even_segments(groups: Groups) -> Groups:
