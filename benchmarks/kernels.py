@@ -4,7 +4,9 @@ Shapes: BERT-base 768->3072, 3072->768, 768->768 at M = 4096 and 128; sparsity 5
 patterns 32x32 blocks, 1x32 blocks, unstructured. Every time is the median of `--repeats`
 runs after a warm-up, baseline and candidate interleaved; each call allocates its output,
 as a model does. Prints ratios over dense fp32 and effective GFLOP/s (kept work / time).
-Run: `python benchmarks/kernels.py [--quick] [--repeats 5]`.
+Ours fp32 uses the measured tile search (`tile="auto"`, cached); ours int8 quantizes
+activations per row and weights per output row (exact int32 accumulation).
+Run: `python benchmarks/kernels.py [--quick] [--repeats 5] [--reuse-memory]`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sparta_explore.kernels import SparseLinear, cpu_flags, vector_width
+from sparta_explore.kernels import Int8SparseLinear, SparseLinear, cpu_flags, vector_width
 
 
 def pattern_mask(n: int, k: int, pattern: str, sparsity: float, g: torch.Generator) -> tuple[torch.Tensor, int]:
@@ -40,16 +42,23 @@ def medians(fns: list, repeats: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
-def candidates(x, masked, b, ours, csr, q) -> list:
-    """dense fp32 (MKL), ours, MKL CSR, torch dynamic int8: the four calls timed side by side."""
-    return [lambda: F.linear(x, masked, b), lambda: ours(x), lambda: (csr @ x.t()).t() + b, lambda: q(x)]
+def candidates(x, masked, b, ours, csr, q, ours8) -> list:
+    """dense fp32 (MKL), ours fp32, MKL CSR, torch dynamic int8, ours int8: timed side by side."""
+    return [lambda: F.linear(x, masked, b), lambda: ours(x), lambda: (csr @ x.t()).t() + b, lambda: q(x),
+            lambda: ours8(x)]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="only 90% and 50%, M=4096 and 128, FFN shapes")
+    parser.add_argument("--reuse-memory", action="store_true",
+                        help="kernels.allocator.keep_freed_memory() first (applies to every candidate alike)")
     args = parser.parse_args()
+    if args.reuse_memory:
+        from sparta_explore.kernels.allocator import keep_freed_memory
+
+        print(f"keep_freed_memory: {keep_freed_memory()}")
     warnings.simplefilter("ignore")
     flags = cpu_flags()
     isa = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "sse"
@@ -58,7 +67,7 @@ def main() -> None:
     shapes = [(768, 3072), (3072, 768)] + ([] if args.quick else [(768, 768)])
     sparsities = (0.5, 0.9) if args.quick else (0.5, 0.75, 0.9, 0.95)
     print(f"{'K->N':11s} {'M':>5s} {'pattern':>12s} {'sparsity':>8s} {'dense_ms':>9s} {'ours_ms':>8s} {'x_dense':>7s} "
-          f"{'GF/s_eff':>8s} {'csr_x':>6s} {'int8dyn_x':>9s}")
+          f"{'GF/s_eff':>8s} {'csr_x':>6s} {'int8dyn_x':>9s} {'ours8_x':>7s} {'tile':>7s}")
     g = torch.Generator().manual_seed(0)
     for k, n in shapes:
         w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
@@ -68,7 +77,8 @@ def main() -> None:
                 for sparsity in sparsities:
                     kept, rows = pattern_mask(n, k, pattern, sparsity, g)
                     masked = w * kept
-                    ours = SparseLinear(w, b, kept, block_rows=rows)
+                    ours = SparseLinear(w, b, kept, block_rows=rows, tile="auto", expected_m=m)
+                    ours8 = Int8SparseLinear(w, b, kept, block_rows=rows)
                     csr = masked.to_sparse_csr()
                     lin = nn.Linear(k, n)
                     with torch.no_grad():
@@ -76,12 +86,14 @@ def main() -> None:
                         lin.bias.copy_(b)
                     q = torch.ao.quantization.quantize_dynamic(nn.Sequential(lin), {nn.Linear}, dtype=torch.qint8)
                     with torch.no_grad():
-                        t_dense, t_ours, t_csr, t_q = medians(candidates(x, masked, b, ours, csr, q), args.repeats)
+                        t_dense, t_ours, t_csr, t_q, t_8 = medians(candidates(x, masked, b, ours, csr, q, ours8),
+                                                                   args.repeats)
                     flops = 2.0 * m * k * n * float(kept.float().mean())
                     state = "" if ours.fallback_reason is None else " (fallback)"
                     print(f"{k:4d}->{n:<5d} {m:5d} {pattern:>12s} {sparsity:8.2f} {t_dense * 1e3:9.2f} "
                           f"{t_ours * 1e3:8.2f} {t_dense / t_ours:7.2f} {flops / t_ours / 1e9:8.0f} "
-                          f"{t_dense / t_csr:6.2f} {t_dense / t_q:9.2f}{state}", flush=True)
+                          f"{t_dense / t_csr:6.2f} {t_dense / t_q:9.2f} {t_dense / t_8:7.2f} "
+                          f"{ours.tile.rows}x{ours.tile.vectors}/{ours.tile.single_vectors}{state}", flush=True)
 
 
 if __name__ == "__main__":

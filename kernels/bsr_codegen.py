@@ -14,12 +14,38 @@ AVX-512 (16 lanes) with -march=native; register tile: R rows x V vectors of M.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-R_MAX = 4  # output rows per register tile
-V = 3  # vectors of M per register tile
+R_MAX = 4  # output rows per register tile (default)
+V = 3  # vectors of M per register tile (default)
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Register tiling of the generated kernel, chosen by `tuning.search` or left at the default.
+
+    `rows`: output rows per group (register tile height); `vectors`: vectors of M per tile
+    for multi-row groups; `single_vectors`: for one-row groups, which are load-bound and
+    want more. The M tile is their least common multiple, in vectors.
+    """
+
+    rows: int = R_MAX
+    vectors: int = V
+    single_vectors: int = 2 * V
+
+    def __post_init__(self) -> None:
+        if not (1 <= self.rows <= 8 and 1 <= self.vectors <= 8 and 1 <= self.single_vectors <= 12):
+            raise ValueError(f"unsupported tile config {self}")
+
+    @property
+    def tile_vectors(self) -> int:
+        return math.lcm(self.vectors, self.single_vectors)
+
+    def vectors_for(self, r: int) -> int:
+        return self.single_vectors if r == 1 else self.vectors
 
 
 @dataclass(frozen=True)
@@ -47,8 +73,8 @@ def _segments(kept_cols: np.ndarray) -> list[tuple[int, int]]:
     return [(int(a), int(b - a)) for a, b in zip(edges[0::2], edges[1::2])]
 
 
-def plan_groups(kept: np.ndarray, block_rows: int) -> Groups:
-    """Split the outputs into row groups of at most R_MAX rows inside each block row.
+def plan_groups(kept: np.ndarray, block_rows: int, max_rows: int = R_MAX) -> Groups:
+    """Split the outputs into row groups of at most `max_rows` rows inside each block row.
 
     `kept` is the (N, K) bool mask of kept weights; rows of a group share the union of
     their kept columns (exact for block patterns, where rows of a block row agree).
@@ -63,8 +89,8 @@ def plan_groups(kept: np.ndarray, block_rows: int) -> Groups:
     offset = 0
     for b0 in range(0, n, block_rows):
         b1 = min(b0 + block_rows, n)
-        for g0 in range(b0, b1, R_MAX):
-            g1 = min(g0 + R_MAX, b1)
+        for g0 in range(b0, b1, max_rows):
+            g1 = min(g0 + max_rows, b1)
             cols = kept[g0:g1].any(axis=0)
             segs = _segments(cols)
             if not segs:
@@ -146,11 +172,10 @@ static inline vf verf(vf x) {
 
 def _vectors(r: int) -> int:
     # one-row groups are load-bound (one broadcast per V loads), so they get more vectors
-    return 2 * V if r == 1 else V
+    return TileConfig().vectors_for(r)
 
 
-def _tile_function(r: int, act: str) -> str:
-    v = _vectors(r)
+def _tile_function(r: int, act: str, v: int) -> str:
     acc_decl = " ".join(f"vf a{i}{j} = zero;" for i in range(r) for j in range(v))
     loads = " ".join(f"const vf x{j} = LD(x + {j} * VEC);" for j in range(v))
     fmas = " ".join(f"a{i}{j} += w[{i}] * x{j};" for i in range(r) for j in range(v))
@@ -205,7 +230,8 @@ def _chunks(groups: Groups, n_out: int, empty: np.ndarray) -> tuple[list[int], .
     return g0, g1, n0, n1, ep
 
 
-def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, name: str) -> str:
+def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, name: str,
+                    cfg: TileConfig = TileConfig()) -> str:
     """C source of `void {name}(X, Y, M, W, bias)`: X is M x K row-major, Y is M x N row-major.
 
     Work items are (tile of TILE rows of X) x (run of row chunks): each packs its tile of X
@@ -225,12 +251,12 @@ def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, n
               + _array("G_WOFF", groups.w_off) + _array("EMPTY_ROWS", empty) + _array("C_G0", g0)
               + _array("C_G1", g1) + _array("C_N0", n0) + _array("C_N1", n1) + _array("C_EPTR", ep))
     dispatch = "\n".join(
-        f"                case {r}: " + " ".join(f"tile{r}(xt, yb, {j} * {_vectors(r)} * VEC, g, W, bias);"
-                                          for j in range(2 * V // _vectors(r))) + " break;"
-        for r in range(1, R_MAX + 1))
-    tiles = "".join(_tile_function(r, act) for r in range(1, R_MAX + 1))
+        f"                case {r}: " + " ".join(f"tile{r}(xt, yb, {j} * {cfg.vectors_for(r)} * VEC, g, W, bias);"
+                                          for j in range(cfg.tile_vectors // cfg.vectors_for(r))) + " break;"
+        for r in range(1, cfg.rows + 1))
+    tiles = "".join(_tile_function(r, act, cfg.vectors_for(r)) for r in range(1, cfg.rows + 1))
     return f"""#define VEC {vec}
-#define TILE ({2 * V} * VEC)
+#define TILE ({cfg.tile_vectors} * VEC)
 #define K_IN {n_in}L
 #define N_OUT {n_out}L
 #define N_CHUNKS {len(g0)}L

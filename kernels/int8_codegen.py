@@ -59,7 +59,7 @@ def pack_pairs(wq: np.ndarray, groups: Groups) -> np.ndarray:
 
 
 def _tile(r: int, act: str) -> str:
-    v = _vectors(r)
+    v = _vectors(r)  # int8 kernels use the default tiling
     acc = " ".join(f"__m256i a{i}{j} = _mm256_setzero_si256();" for i in range(r) for j in range(v))
     loads = " ".join(f"const __m256i x{j} = _mm256_loadu_si256((const __m256i *)(x + {j} * 16));" for j in range(v))
     bcast = " ".join(f"const __m256i w{i} = _mm256_set1_epi32(w[{i}]);" for i in range(r))

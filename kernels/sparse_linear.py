@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sparta_explore.kernels.bsr_codegen import V, generate_source, pack_weights, plan_groups
+from sparta_explore.kernels.bsr_codegen import TileConfig, V, generate_source, pack_weights, plan_groups
 from sparta_explore.kernels.build import KernelBuildError, build, cpu_flags, vector_width
 from sparta_explore.kernels.int8_codegen import even_segments, generate_int8_source, pack_pairs, quantize_rows
 
@@ -37,7 +37,8 @@ class KernelLinear(nn.Module):
     kind = "kernel"
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kept: torch.Tensor, *, block_rows: int = 1,
-                 activation: str = "none", cache_dir: str | os.PathLike | None = None, check: bool = True) -> None:
+                 activation: str = "none", cache_dir: str | os.PathLike | None = None, check: bool = True,
+                 tile: TileConfig | str = TileConfig(), expected_m: int = 1024) -> None:
         super().__init__()
         if activation not in _ACT:
             raise ValueError(f"activation must be one of {sorted(_ACT)}, got {activation!r}")
@@ -51,6 +52,14 @@ class KernelLinear(nn.Module):
         self.density = float(kept.float().mean())
         self.fallback_reason: str | None = None
         self._fn = None
+        if tile == "auto":
+            from sparta_explore.kernels.tuning import search
+
+            tile = search(weight, bias, kept, block_rows=block_rows, activation=activation, m=expected_m,
+                          cache_dir=cache_dir)
+        if not isinstance(tile, TileConfig):
+            raise ValueError(f"tile must be a TileConfig or 'auto', got {tile!r}")
+        self.tile = tile
         try:
             self._build(kept.cpu().numpy().astype(bool), max(1, int(block_rows)), cache_dir)
             if check:
@@ -100,11 +109,12 @@ class SparseLinear(KernelLinear):
     """
 
     def _build(self, kept: np.ndarray, block_rows: int, cache_dir) -> None:
-        groups = plan_groups(kept, block_rows)
+        groups = plan_groups(kept, block_rows, self.tile.rows)
         self._vec = vector_width()
-        self._tile = 2 * V * self._vec
+        self._tile = self.tile.tile_vectors * self._vec
         name = "sparse_linear"
-        source = generate_source(groups, self.out_features, self.in_features, self._vec, self.activation, name)
+        source = generate_source(groups, self.out_features, self.in_features, self._vec, self.activation, name,
+                                 self.tile)
         self.built = build(source, name, cache_dir=cache_dir)
         fn = getattr(self.built.lib, name)
         fn.restype = None

@@ -1,0 +1,69 @@
+"""Measured choice of the register tiling for one weight pattern, cached per pattern and machine.
+
+A handful of `TileConfig` candidates are generated, built and timed on the actual shape
+with a representative M; the fastest wins and is remembered in the cache folder under a
+key of shape, pattern, activation, M bucket, CPU flags and compiler.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict
+
+import torch
+
+from sparta_explore.cache import atomic_write, content_key, resolve_cache_dir
+from sparta_explore.kernels.bsr_codegen import TileConfig
+from sparta_explore.kernels.build import compiler_version, cpu_flags
+
+CANDIDATES = (TileConfig(4, 3, 6), TileConfig(4, 2, 4), TileConfig(2, 3, 6), TileConfig(4, 3, 3), TileConfig(2, 4, 8),
+              TileConfig(6, 2, 6))
+TUNING_VERSION = 1
+
+
+def m_bucket(m: int) -> str:
+    """Tilings behave differently for a few rows (threads split the outputs) and for many."""
+    return "small" if m <= 512 else "large"
+
+
+def _time(layer, x: torch.Tensor, repeats: int) -> float:
+    layer(x)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        layer(x)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def search(weight: torch.Tensor, bias: torch.Tensor | None, kept: torch.Tensor, *, block_rows: int, activation: str,
+           m: int, cache_dir: str | os.PathLike | None = None, repeats: int = 5) -> TileConfig:
+    """The fastest candidate tiling for this pattern at about `m` rows of input (cached).
+
+    Example:
+        >>> cfg = search(w, b, kept, block_rows=32, activation="none", m=4096)  # doctest: +SKIP
+    """
+    from sparta_explore.kernels.sparse_linear import SparseLinear  # the module under test builds through us
+
+    pattern = hashlib.sha256(kept.cpu().numpy().tobytes()).hexdigest()[:16]
+    key = content_key({"shape": list(kept.shape), "pattern": pattern, "block_rows": block_rows, "act": activation,
+                       "bucket": m_bucket(m), "cpu": sorted(cpu_flags()), "cc": compiler_version(),
+                       "threads": torch.get_num_threads(), "version": TUNING_VERSION})
+    path = resolve_cache_dir(cache_dir, "tuning") / f"{key}.json"
+    if path.exists():
+        return TileConfig(**json.loads(path.read_text())["best"])
+    x = torch.randn(min(m, 2048), kept.shape[1], generator=torch.Generator().manual_seed(0))
+    timings = {}
+    for cfg in CANDIDATES:
+        layer = SparseLinear(weight, bias, kept, block_rows=block_rows, activation=activation, cache_dir=cache_dir,
+                             tile=cfg, check=False)
+        if layer.fallback_reason is None:
+            timings[cfg] = _time(layer, x, repeats)
+    best = min(timings, key=timings.get) if timings else TileConfig()
+    record = {"best": asdict(best), "seconds": {str(asdict(c)): t for c, t in timings.items()}}
+    atomic_write(path, lambda f: f.write(json.dumps(record).encode()))
+    return best

@@ -1,0 +1,41 @@
+"""Tile search: every candidate is correct, the winner is cached and reused."""
+
+import json
+
+import torch
+
+from sparta_explore.kernels import SparseLinear
+from sparta_explore.kernels.tuning import CANDIDATES, m_bucket, search
+
+from .test_sparse_linear import block_mask, check
+
+
+def test_every_candidate_tiling_is_correct(tmp_path):
+    w, b = torch.randn(70, 51), torch.randn(70)
+    kept = block_mask(70, 51, (2, 4), 0.4)
+    for cfg in CANDIDATES:
+        layer = SparseLinear(w, b, kept, block_rows=2, activation="gelu", tile=cfg, cache_dir=tmp_path)
+        assert layer.fallback_reason is None, cfg
+        check(layer, 57, 51)
+
+
+def test_search_is_cached_per_pattern_and_bucket(tmp_path):
+    w = torch.randn(64, 64)
+    kept = block_mask(64, 64, (8, 8), 0.3)
+    best = search(w, None, kept, block_rows=8, activation="none", m=64, cache_dir=tmp_path, repeats=2)
+    files = list((tmp_path / "tuning").glob("*.json"))
+    assert len(files) == 1 and best in CANDIDATES
+    record = json.loads(files[0].read_text())
+    assert len(record["seconds"]) == len(CANDIDATES)
+    again = search(w, None, kept, block_rows=8, activation="none", m=100, cache_dir=tmp_path)
+    assert again == best and len(list((tmp_path / "tuning").glob("*.json"))) == 1  # same bucket: cache hit
+    search(w, None, kept, block_rows=8, activation="none", m=4096, cache_dir=tmp_path, repeats=1)
+    assert len(list((tmp_path / "tuning").glob("*.json"))) == 2 and m_bucket(4096) != m_bucket(64)
+
+
+def test_auto_tile_layer_is_correct(tmp_path):
+    kept = block_mask(48, 40, (16, 8), 0.5)
+    layer = SparseLinear(torch.randn(48, 40), torch.randn(48), kept, block_rows=16, tile="auto", expected_m=64,
+                         cache_dir=tmp_path)
+    assert layer.tile in CANDIDATES
+    check(layer, 70, 40)
