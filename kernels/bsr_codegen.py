@@ -230,15 +230,22 @@ def _chunks(groups: Groups, n_out: int, empty: np.ndarray) -> tuple[list[int], .
     return g0, g1, n0, n1, ep
 
 
-def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, name: str,
-                    cfg: TileConfig = TileConfig()) -> str:
-    """C source of `void {name}(X, Y, M, W, bias)`: X is M x K row-major, Y is M x N row-major.
+UNPACK_TILE = """
+static void unpack_tile(const float *yb, float *Y, long m0, long mt, long r0, long r1) {
+    /* Y[m0 + t][n] = yb[n][t] for rows r0..r1; blocked over n so the read rows of yb stay in L1 */
+    for (long n0 = r0; n0 < r1; n0 += 64) {
+        const long n1 = n0 + 64 < r1 ? n0 + 64 : r1;
+        for (long t = 0; t < mt; ++t) {
+            float *dst = Y + (m0 + t) * N_OUT;
+            for (long n = n0; n < n1; ++n) dst[n] = yb[n * TILE + t];
+        }
+    }
+}
+"""
 
-    Work items are (tile of TILE rows of X) x (run of row chunks): each packs its tile of X
-    K-major into a private buffer, runs its groups into a private N x TILE buffer, fills the
-    rows no weight reaches, and writes its rows of that tile of Y. Large M takes all chunks
-    per item (one pack per tile); small M splits chunks over threads.
-    """
+
+def pattern_tables(groups: Groups, n_out: int, act: str) -> tuple[str, int]:
+    """The constant tables every kernel of a pattern bakes in (groups, segments, empty rows, chunks)."""
     if act not in _ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {act!r}")
     empty_rows = np.ones(n_out, dtype=bool)
@@ -250,6 +257,19 @@ def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, n
               + _array("G_SEGK0", groups.seg_k0) + _array("G_SEGLEN", groups.seg_len)
               + _array("G_WOFF", groups.w_off) + _array("EMPTY_ROWS", empty) + _array("C_G0", g0)
               + _array("C_G1", g1) + _array("C_N0", n0) + _array("C_N1", n1) + _array("C_EPTR", ep))
+    return tables, len(g0)
+
+
+def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, name: str,
+                    cfg: TileConfig = TileConfig()) -> str:
+    """C source of `void {name}(X, Y, M, W, bias)`: X is M x K row-major, Y is M x N row-major.
+
+    Work items are (tile of TILE rows of X) x (run of row chunks): each packs its tile of X
+    K-major into a private buffer, runs its groups into a private N x TILE buffer, fills the
+    rows no weight reaches, and writes its rows of that tile of Y. Large M takes all chunks
+    per item (one pack per tile); small M splits chunks over threads.
+    """
+    tables, n_chunks = pattern_tables(groups, n_out, act)
     dispatch = "\n".join(
         f"                case {r}: " + " ".join(f"tile{r}(xt, yb, {j} * {cfg.vectors_for(r)} * VEC, g, W, bias);"
                                           for j in range(cfg.tile_vectors // cfg.vectors_for(r))) + " break;"
@@ -259,7 +279,7 @@ def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, n
 #define TILE ({cfg.tile_vectors} * VEC)
 #define K_IN {n_in}L
 #define N_OUT {n_out}L
-#define N_CHUNKS {len(g0)}L
+#define N_CHUNKS {n_chunks}L
 #include <stdlib.h>
 #include <omp.h>
 {_PRELUDE}
@@ -278,17 +298,7 @@ static void pack_tile(const float *X, float *xb, long m0, long mt) {{
     }}
 }}
 
-static void unpack_tile(const float *yb, float *Y, long m0, long mt, long r0, long r1) {{
-    /* Y[m0 + t][n] = yb[n][t] for rows r0..r1; blocked over n so the read rows of yb stay in L1 */
-    for (long n0 = r0; n0 < r1; n0 += 64) {{
-        const long n1 = n0 + 64 < r1 ? n0 + 64 : r1;
-        for (long t = 0; t < mt; ++t) {{
-            float *dst = Y + (m0 + t) * N_OUT;
-            for (long n = n0; n < n1; ++n) dst[n] = yb[n * TILE + t];
-        }}
-    }}
-}}
-
+{UNPACK_TILE}
 void {name}(const float *X, float *Y, long M, const float *W, const float *bias) {{
     const long tiles = (M + TILE - 1) / TILE;
     const long split = tiles >= 4 * omp_get_max_threads() ? 1 : N_CHUNKS;  /* chunk runs per tile */

@@ -16,7 +16,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from sparta_explore.kernels.bsr_codegen import _ACTIVATIONS, _PRELUDE, R_MAX, Groups, V, _array, _chunks, _vectors
+from sparta_explore.kernels.bsr_codegen import (
+    _ACTIVATIONS,
+    _PRELUDE,
+    R_MAX,
+    UNPACK_TILE,
+    Groups,
+    V,
+    _vectors,
+    pattern_tables,
+)
 
 
 def even_segments(groups: Groups) -> Groups:
@@ -93,17 +102,7 @@ static inline void qtile{r}(const int16_t *xq, const float *sx, float *yb, long 
 
 def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: str) -> str:
     """C source of `void {name}(X, Y, M, W, w_scale, bias)`: fp32 in and out, int8 inside."""
-    if act not in _ACTIVATIONS:
-        raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {act!r}")
-    empty_rows = np.ones(n_out, dtype=bool)
-    for r0, r in zip(groups.row0, groups.rows):
-        empty_rows[r0:r0 + r] = False
-    empty = np.flatnonzero(empty_rows)
-    g0, g1, n0, n1, ep = _chunks(groups, n_out, empty)
-    tables = (_array("G_ROW0", groups.row0) + _array("G_ROWS", groups.rows) + _array("G_SEGPTR", groups.seg_ptr)
-              + _array("G_SEGK0", groups.seg_k0) + _array("G_SEGLEN", groups.seg_len)
-              + _array("G_WOFF", groups.w_off) + _array("EMPTY_ROWS", empty) + _array("C_G0", g0)
-              + _array("C_G1", g1) + _array("C_N0", n0) + _array("C_N1", n1) + _array("C_EPTR", ep))
+    tables, n_chunks = pattern_tables(groups, n_out, act)
     dispatch = "\n".join(
         f"                case {r}: " + " ".join(f"qtile{r}(xq, sx, yb, {j} * {_vectors(r)} * 8, g, W, ws, bias);"
                                           for j in range(2 * V // _vectors(r))) + " break;"
@@ -114,7 +113,7 @@ def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: 
 #define K_IN {n_in}L
 #define K_PAD {k_pad}L
 #define N_OUT {n_out}L
-#define N_CHUNKS {len(g0)}L
+#define N_CHUNKS {n_chunks}L
 #include <stdlib.h>
 #include <math.h>
 #include <omp.h>
@@ -144,16 +143,7 @@ static void pack_tile(const float *X, int16_t *xq, float *sx, long m0, long mt) 
     }}
 }}
 
-static void unpack_tile(const float *yb, float *Y, long m0, long mt, long r0, long r1) {{
-    for (long b0 = r0; b0 < r1; b0 += 64) {{
-        const long b1 = b0 + 64 < r1 ? b0 + 64 : r1;
-        for (long t = 0; t < mt; ++t) {{
-            float *dst = Y + (m0 + t) * N_OUT;
-            for (long n = b0; n < b1; ++n) dst[n] = yb[n * TILE + t];
-        }}
-    }}
-}}
-
+{UNPACK_TILE}
 void {name}(const float *X, float *Y, long M, const int32_t *W, const float *ws, const float *bias) {{
     const long tiles = (M + TILE - 1) / TILE;
     const long split = tiles >= 4 * omp_get_max_threads() ? 1 : N_CHUNKS;

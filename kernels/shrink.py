@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-_ACT = {"none": lambda y: y, "relu": F.relu, "gelu": F.gelu}
+from sparta_explore.kernels.sparse_linear import _ACT, check_linear_args
 
 
 class ShrunkLinear(nn.Module):
@@ -27,10 +27,7 @@ class ShrunkLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kept: torch.Tensor,
                  activation: str = "none") -> None:
         super().__init__()
-        if activation not in _ACT:
-            raise ValueError(f"activation must be one of {sorted(_ACT)}, got {activation!r}")
-        if kept.shape != weight.shape:
-            raise ValueError(f"kept mask {tuple(kept.shape)} does not match weight {tuple(weight.shape)}")
+        check_linear_args(weight, kept, activation)
         self.out_features, self.in_features = weight.shape
         self.activation = activation
         rows = kept.any(dim=1).nonzero().flatten()

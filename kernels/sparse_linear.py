@@ -23,6 +23,14 @@ from sparta_explore.kernels.int8_codegen import even_segments, generate_int8_sou
 _ACT = {"none": lambda y: y, "relu": F.relu, "gelu": F.gelu}
 
 
+def check_linear_args(weight: torch.Tensor, kept: torch.Tensor, activation: str) -> None:
+    """One clear error for a bad activation name or a mask that does not fit the weight."""
+    if activation not in _ACT:
+        raise ValueError(f"activation must be one of {sorted(_ACT)}, got {activation!r}")
+    if kept.shape != weight.shape:
+        raise ValueError(f"kept mask {tuple(kept.shape)} does not match weight {tuple(weight.shape)}")
+
+
 class KernelFallbackWarning(UserWarning):
     """A kernel failed to build or to match its reference; the dense op runs instead."""
 
@@ -40,10 +48,7 @@ class KernelLinear(nn.Module):
                  activation: str = "none", cache_dir: str | os.PathLike | None = None, check: bool = True,
                  tile: TileConfig | str = TileConfig(), expected_m: int = 1024) -> None:
         super().__init__()
-        if activation not in _ACT:
-            raise ValueError(f"activation must be one of {sorted(_ACT)}, got {activation!r}")
-        if kept.shape != weight.shape:
-            raise ValueError(f"kept mask {tuple(kept.shape)} does not match weight {tuple(weight.shape)}")
+        check_linear_args(weight, kept, activation)
         self.out_features, self.in_features = weight.shape
         self.activation = activation
         masked = (weight.detach() * kept).float().contiguous()
