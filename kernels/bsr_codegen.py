@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sparta_explore.kernels.panels import cut_panels, panel_rows
+
 R_MAX = 4  # output rows per register tile (default)
 V = 3  # vectors of M per register tile (default)
 
@@ -29,12 +31,14 @@ class TileConfig:
 
     `rows`: output rows per group (register tile height); `vectors`: vectors of M per tile
     for multi-row groups; `single_vectors`: for one-row groups, which are load-bound and
-    want more. The M tile is their least common multiple, in vectors.
+    want more. The M tile is their least common multiple, in vectors. `panel` processes K in
+    L1-sized panels (see panels.py).
     """
 
     rows: int = R_MAX
     vectors: int = V
     single_vectors: int = 2 * V
+    panel: bool = False  # cut K into L1-sized panels (helps one-row groups, costs spills for blocks)
 
     def __post_init__(self) -> None:
         if not (1 <= self.rows <= 8 and 1 <= self.vectors <= 8 and 1 <= self.single_vectors <= 12):
@@ -176,28 +180,32 @@ def _vectors(r: int) -> int:
 
 
 def _tile_function(r: int, act: str, v: int) -> str:
-    acc_decl = " ".join(f"vf a{i}{j} = zero;" for i in range(r) for j in range(v))
+    """One register tile (r rows x v vectors) over one panel entry: start, accumulate, spill or finish."""
+    acc_decl = " ".join(f"vf a{i}{j} = first ? zero : LD(yb + (n0 + {i}) * TILE + t + {j} * VEC);"
+                        for i in range(r) for j in range(v))
     loads = " ".join(f"const vf x{j} = LD(x + {j} * VEC);" for j in range(v))
     fmas = " ".join(f"a{i}{j} += w[{i}] * x{j};" for i in range(r) for j in range(v))
-    stores = []
+    finish, spill = [], []
     for i in range(r):
         for j in range(v):
-            stores.append(f"{{ vf v = a{i}{j} + bias_of(bias, n0 + {i}); {_ACTIVATIONS[act]} "
+            finish.append(f"{{ vf v = a{i}{j} + bias_of(bias, n0 + {i}); {_ACTIVATIONS[act]} "
                           f"ST(yb + (n0 + {i}) * TILE + t + {j} * VEC, v); }}")
+            spill.append(f"ST(yb + (n0 + {i}) * TILE + t + {j} * VEC, a{i}{j});")
     return f"""
-static inline void tile{r}(const float *xb, float *yb, long t, long g, const float *W, const float *bias) {{
+static inline void tile{r}(const float *xb, float *yb, long t, long e, const float *W, const float *bias) {{
     const vf zero = {{0}}; const vf one = zero + 1.0f; (void)one;
+    const long n0 = G_ROW0[E_G[e]];
+    const int first = (E_FLAGS[e] & 1) != 0, last = (E_FLAGS[e] & 2) != 0;
     {acc_decl}
-    const long n0 = G_ROW0[g];
-    const float *w = W + G_WOFF[g];
-    for (long s = G_SEGPTR[g]; s < G_SEGPTR[g + 1]; ++s) {{
-        const float *x = xb + G_SEGK0[s] * TILE + t;
-        for (long k = G_SEGLEN[s]; k > 0; --k, x += TILE, w += {r}) {{
+    const float *w = W + E_WOFF[e];
+    for (long p = E_P0[e]; p < E_P1[e]; ++p) {{
+        const float *x = xb + P_K0[p] * TILE + t;
+        for (long k = P_LEN[p]; k > 0; --k, x += TILE, w += {r}) {{
             {loads}
             {fmas}
         }}
     }}
-    {" ".join(stores)}
+    if (last) {{ {" ".join(finish)} }} else {{ {" ".join(spill)} }}
 }}
 """
 
@@ -244,7 +252,7 @@ static void unpack_tile(const float *yb, float *Y, long m0, long mt, long r0, lo
 """
 
 
-def pattern_tables(groups: Groups, n_out: int, act: str) -> tuple[str, int]:
+def pattern_tables(groups: Groups, n_out: int, act: str) -> tuple[str, list[int]]:
     """The constant tables every kernel of a pattern bakes in (groups, segments, empty rows, chunks)."""
     if act not in _ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {act!r}")
@@ -257,7 +265,7 @@ def pattern_tables(groups: Groups, n_out: int, act: str) -> tuple[str, int]:
               + _array("G_SEGK0", groups.seg_k0) + _array("G_SEGLEN", groups.seg_len)
               + _array("G_WOFF", groups.w_off) + _array("EMPTY_ROWS", empty) + _array("C_G0", g0)
               + _array("C_G1", g1) + _array("C_N0", n0) + _array("C_N1", n1) + _array("C_EPTR", ep))
-    return tables, len(g0)
+    return tables, g0
 
 
 def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, name: str,
@@ -269,9 +277,15 @@ def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, n
     rows no weight reaches, and writes its rows of that tile of Y. Large M takes all chunks
     per item (one pack per tile); small M splits chunks over threads.
     """
-    tables, n_chunks = pattern_tables(groups, n_out, act)
+    tables, chunk_g0 = pattern_tables(groups, n_out, act)
+    n_chunks = len(chunk_g0)
+    panels = cut_panels(groups, n_in, panel_rows(cfg.tile_vectors * vec) if cfg.panel else max(1, n_in), chunk_g0)
+    tables += (_array("E_G", panels.e_group) + _array("E_P0", panels.e_piece0) + _array("E_P1", panels.e_piece1)
+               + _array("E_WOFF", panels.e_woff) + _array("E_FLAGS", panels.e_flags) + _array("P_K0", panels.p_k0)
+               + _array("P_LEN", panels.p_len) + _array("E_PTR", panels.e_ptr))
+    n_panels = len(panels.e_ptr) // (n_chunks + 1)
     dispatch = "\n".join(
-        f"                case {r}: " + " ".join(f"tile{r}(xt, yb, {j} * {cfg.vectors_for(r)} * VEC, g, W, bias);"
+        f"                    case {r}: " + " ".join(f"tile{r}(xt, yb, {j} * {cfg.vectors_for(r)} * VEC, e, W, bias);"
                                           for j in range(cfg.tile_vectors // cfg.vectors_for(r))) + " break;"
         for r in range(1, cfg.rows + 1))
     tiles = "".join(_tile_function(r, act, cfg.vectors_for(r)) for r in range(1, cfg.rows + 1))
@@ -323,9 +337,11 @@ void {name}(const float *X, float *Y, long M, const float *W, const float *bias)
             const long mt = M - m0 < TILE ? M - m0 : TILE;
             if (split == 1) pack_tile(X, xb, m0, mt);
             const float *xt = split == 1 ? xb : shared + tile * K_IN * TILE;
-            for (long g = C_G0[c0]; g < C_G1[c1 - 1]; ++g) {{
-                switch (G_ROWS[g]) {{
+            for (long p = 0; p < {n_panels}; ++p) {{  /* panel by panel: the panel of xt stays in L1 */
+                for (long e = E_PTR[p * (N_CHUNKS + 1) + c0]; e < E_PTR[p * (N_CHUNKS + 1) + c1]; ++e) {{
+                    switch (G_ROWS[E_G[e]]) {{
 {dispatch}
+                    }}
                 }}
             }}
             for (long e = C_EPTR[c0]; e < C_EPTR[c1]; ++e) {{  /* rows no kept weight reaches */

@@ -102,7 +102,8 @@ static inline void qtile{r}(const int16_t *xq, const float *sx, float *yb, long 
 
 def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: str) -> str:
     """C source of `void {name}(X, Y, M, W, w_scale, bias)`: fp32 in and out, int8 inside."""
-    tables, n_chunks = pattern_tables(groups, n_out, act)
+    tables, chunk_g0 = pattern_tables(groups, n_out, act)
+    n_chunks = len(chunk_g0)
     dispatch = "\n".join(
         f"                case {r}: " + " ".join(f"qtile{r}(xq, sx, yb, {j} * {_vectors(r)} * 8, g, W, ws, bias);"
                                           for j in range(2 * V // _vectors(r))) + " break;"

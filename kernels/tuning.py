@@ -21,8 +21,8 @@ from sparta_explore.kernels.bsr_codegen import TileConfig
 from sparta_explore.kernels.build import compiler_version, cpu_flags
 
 CANDIDATES = (TileConfig(4, 3, 6), TileConfig(4, 2, 4), TileConfig(2, 3, 6), TileConfig(4, 3, 3), TileConfig(2, 4, 8),
-              TileConfig(6, 2, 6))
-TUNING_VERSION = 1
+              TileConfig(6, 2, 6), TileConfig(4, 3, 6, panel=True), TileConfig(2, 4, 8, panel=True))
+TUNING_VERSION = 2
 
 
 def m_bucket(m: int) -> str:
