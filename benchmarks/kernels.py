@@ -42,6 +42,11 @@ def medians(fns: list, repeats: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
+def tile_name(cfg) -> str:
+    """rows x vectors / single-row vectors, P when K is processed in L1 panels."""
+    return f"{cfg.rows}x{cfg.vectors}/{cfg.single_vectors}{'P' if cfg.panel else ''}"
+
+
 def candidates(x, masked, b, ours, csr, q, ours8) -> list:
     """dense fp32 (MKL), ours fp32, MKL CSR, torch dynamic int8, ours int8: timed side by side."""
     return [lambda: F.linear(x, masked, b), lambda: ours(x), lambda: (csr @ x.t()).t() + b, lambda: q(x),
@@ -93,7 +98,7 @@ def main() -> None:
                     print(f"{k:4d}->{n:<5d} {m:5d} {pattern:>12s} {sparsity:8.2f} {t_dense * 1e3:9.2f} "
                           f"{t_ours * 1e3:8.2f} {t_dense / t_ours:7.2f} {flops / t_ours / 1e9:8.0f} "
                           f"{t_dense / t_csr:6.2f} {t_dense / t_q:9.2f} {t_dense / t_8:7.2f} "
-                          f"{ours.tile.rows}x{ours.tile.vectors}/{ours.tile.single_vectors}{state}", flush=True)
+                          f"{tile_name(ours.tile)}{state}", flush=True)
 
 
 if __name__ == "__main__":
