@@ -280,6 +280,16 @@ static void unpack_tile(const float *yb, float *Y, long m0, long mt, long r0, lo
 """
 
 
+def finish_tile(act: str) -> str:
+    """C that ends a work item: rows no kept weight reaches get act(bias), then the tile goes to Y."""
+    return f"""            for (long e = C_EPTR[c0]; e < C_EPTR[c1]; ++e) {{  /* rows no kept weight reaches */
+                const long n = EMPTY_ROWS[e];
+                for (long t = 0; t < TILE; t += VEC) {{ vf v = zero + bias_of(bias, n); {_ACTIVATIONS[act]}
+                    ST(yb + n * TILE + t, v); }}
+            }}
+            unpack_tile(yb, Y, m0, mt, C_N0[c0], C_N1[c1 - 1]);"""
+
+
 def pattern_tables(groups: Groups, n_out: int, act: str) -> tuple[str, list[int]]:
     """The constant tables every kernel of a pattern bakes in (groups, segments, empty rows, chunks)."""
     if act not in _ACTIVATIONS:
@@ -372,12 +382,7 @@ void {name}(const float *X, float *Y, long M, const float *W, const float *bias)
                     }}
                 }}
             }}
-            for (long e = C_EPTR[c0]; e < C_EPTR[c1]; ++e) {{  /* rows no kept weight reaches */
-                const long n = EMPTY_ROWS[e];
-                for (long t = 0; t < TILE; t += VEC) {{ vf v = zero + bias_of(bias, n); {_ACTIVATIONS[act]}
-                    ST(yb + n * TILE + t, v); }}
-            }}
-            unpack_tile(yb, Y, m0, mt, C_N0[c0], C_N1[c1 - 1]);
+{finish_tile(act)}
         }}
         free(xb);
         free(yb);

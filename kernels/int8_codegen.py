@@ -24,6 +24,7 @@ from sparta_explore.kernels.bsr_codegen import (
     Groups,
     V,
     _vectors,
+    finish_tile,
     pattern_tables,
 )
 
@@ -174,12 +175,7 @@ void {name}(const float *X, float *Y, long M, const int32_t *W, const float *ws,
 {dispatch}
                 }}
             }}
-            for (long e = C_EPTR[c0]; e < C_EPTR[c1]; ++e) {{
-                const long n = EMPTY_ROWS[e];
-                for (long t = 0; t < TILE; t += VEC) {{ vf v = zero + bias_of(bias, n); {_ACTIVATIONS[act]}
-                    ST(yb + n * TILE + t, v); }}
-            }}
-            unpack_tile(yb, Y, m0, mt, C_N0[c0], C_N1[c1 - 1]);
+{finish_tile(act)}
         }}
         free(xb);
         free(sb);

@@ -94,6 +94,13 @@ def coerce_config(config: Any, config_type: type, owner: str) -> Any:
     raise ConfigError(f"{owner!r} takes a {config_type.__name__} or a dict, got {type(config).__name__}")
 
 
+def parameter_table(source: Graph | nn.Module) -> TeSATable:
+    """A dense 32-bit TeSA for every parameter; bound to the graph's names and shapes if given one."""
+    model = source.root if isinstance(source, Graph) else source
+    return TeSATable({n: TeSA.dense(p.shape) for n, p in model.named_parameters(remove_duplicate=False)},
+                     shapes=source.shapes() if isinstance(source, Graph) else None)
+
+
 def masks_to_table(source: Graph | nn.Module, masks: Mapping[str, Mapping[str, torch.Tensor]]) -> TeSATable:
     """A TeSATable with every parameter of the model, pruned where `masks` are zero.
 
@@ -105,8 +112,7 @@ def masks_to_table(source: Graph | nn.Module, masks: Mapping[str, Mapping[str, t
     """
     model = source.root if isinstance(source, Graph) else source
     params = dict(model.named_parameters(remove_duplicate=False))
-    shapes = source.shapes() if isinstance(source, Graph) else None
-    table = TeSATable({n: TeSA.dense(p.shape) for n, p in params.items()}, shapes=shapes)
+    table = parameter_table(source)
     modules = dict(model.named_modules())
     for module_name, targets in masks.items():
         if module_name not in modules:

@@ -15,7 +15,7 @@ from torch import nn
 
 from sparta_explore.errors import ConfigError
 from sparta_explore.graph import Graph, capture
-from sparta_explore.pruners.registry import CompressorEntry, CompressorFn
+from sparta_explore.pruners.registry import CompressorEntry, CompressorFn, parameter_table
 from sparta_explore.registry import Registry
 from sparta_explore.tesa import NumberFormat, TeSA
 from sparta_explore.tesa_table import TeSATable
@@ -79,8 +79,7 @@ def bits_to_table(source: Graph | nn.Module, bits: Mapping[str, Mapping[str, tup
     graph = source if isinstance(source, Graph) else None
     model = graph.root if graph is not None else source
     params = dict(model.named_parameters(remove_duplicate=False))
-    table = TeSATable({n: TeSA.dense(p.shape) for n, p in params.items()},
-                      shapes=graph.shapes() if graph is not None else None)
+    table = parameter_table(source)
     for module, targets in bits.items():
         for target, (nbits, fmt) in targets.items():
             if not target.startswith("_"):

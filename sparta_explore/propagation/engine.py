@@ -54,7 +54,7 @@ _EVERYTHING = "<all>"  # a reader that needs every element
 
 
 class _Missing(Exception):
-    pass
+    """An argument's value was not recorded at capture, so the op cannot be replayed."""
 
 
 class _State:

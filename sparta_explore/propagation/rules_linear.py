@@ -31,6 +31,14 @@ def _with_bias(out_kept: torch.Tensor, bias: TeSA | None, output: TeSA, channel_
     return out, bias_kept
 
 
+def _weighted_module(op: OpView, fn, channel_dim: int) -> OpUpdate:
+    """A module computing fn(x, weight) + bias: product rule on (x, weight), bias OR-ed per channel."""
+    out, (kx, kw) = multilinear(fn, [op.args[0], op.params["weight"]], op.output)
+    out, kb = _with_bias(out, op.params.get("bias"), op.output, channel_dim)
+    params = {"weight": kw} | ({"bias": kb} if kb is not None else {})
+    return OpUpdate(output=out, args={0: kx}, params=params)
+
+
 def _linear(op: OpView, x: TeSA, w: TeSA, b: TeSA | None) -> tuple:
     out, (kx, kw) = multilinear(lambda xx, ww: F.linear(xx, ww), [x, w], op.output)
     out, kb = _with_bias(out, b, op.output, -1)
@@ -40,9 +48,7 @@ def _linear(op: OpView, x: TeSA, w: TeSA, b: TeSA | None) -> tuple:
 @register_rule(nn.Linear)
 def linear_module(op: OpView) -> OpUpdate:
     # Y = X W^T + b: Y[..., n] may be non-zero iff b[n] kept or some k has X[..., k] and W[n, k] kept
-    out, kx, kw, kb = _linear(op, op.args[0], op.params["weight"], op.params.get("bias"))
-    params = {"weight": kw} | ({"bias": kb} if kb is not None else {})
-    return OpUpdate(output=out, args={0: kx}, params=params)
+    return _weighted_module(op, lambda x, w: F.linear(x, w), -1)
 
 
 @register_rule(F.linear)
@@ -94,11 +100,7 @@ def einsum_rule(op: OpView) -> OpUpdate:
 def conv_module(op: OpView) -> OpUpdate:
     # groups, depthwise, stride, padding (any mode), dilation: replayed by the module's own conv
     mod = op.module
-    out, (kx, kw) = multilinear(lambda x, w: mod._conv_forward(x, w, None), [op.args[0], op.params["weight"]],
-                                op.output)
-    out, kb = _with_bias(out, op.params.get("bias"), op.output, 1)
-    params = {"weight": kw} | ({"bias": kb} if kb is not None else {})
-    return OpUpdate(output=out, args={0: kx}, params=params)
+    return _weighted_module(op, lambda x, w: mod._conv_forward(x, w, None), 1)
 
 
 @register_rule(nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
@@ -107,12 +109,8 @@ def conv_transpose_module(op: OpView) -> OpUpdate:
     if len(op.args) > 1:
         raise Unsupported("ConvTranspose with output_size")
     fn = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[mod.weight.dim() - 2]
-    out, (kx, kw) = multilinear(lambda x, w: fn(x, w, None, mod.stride, mod.padding, mod.output_padding,
-                                                mod.groups, mod.dilation), [op.args[0], op.params["weight"]],
-                                op.output)
-    out, kb = _with_bias(out, op.params.get("bias"), op.output, 1)
-    params = {"weight": kw} | ({"bias": kb} if kb is not None else {})
-    return OpUpdate(output=out, args={0: kx}, params=params)
+    return _weighted_module(op, lambda x, w: fn(x, w, None, mod.stride, mod.padding, mod.output_padding,
+                                                mod.groups, mod.dilation), 1)
 
 
 @register_rule(F.conv1d, F.conv2d, F.conv3d)
