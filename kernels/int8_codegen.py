@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sparta_explore.fake_quant import qmax
 from sparta_explore.kernels.bsr_codegen import (
     _ACTIVATIONS,
     _PRELUDE,
@@ -42,12 +43,13 @@ def even_segments(groups: Groups) -> Groups:
     return Groups(groups.row0, groups.rows, groups.seg_ptr, k0, lengths, np.asarray(w_off, dtype=np.int64))
 
 
-def quantize_rows(weight: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric int8 per output row over the kept weights: (int8 weights, float32 scales)."""
+def quantize_rows(weight: np.ndarray, kept: np.ndarray, bits: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric per output row over the kept weights at `bits` <= 8: (int8 levels, float32 scales)."""
+    level = np.float32(qmax(bits))
     w = np.where(kept, weight, 0.0).astype(np.float32)
     amax = np.abs(w).max(axis=1)
-    scale = np.where(amax > 0, amax / np.float32(127.0), np.float32(1.0)).astype(np.float32)
-    q = np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8)
+    scale = np.where(amax > 0, amax / level, np.float32(1.0)).astype(np.float32)
+    q = np.clip(np.rint(w / scale[:, None]), -level, level).astype(np.int8)
     return q, scale
 
 
@@ -101,8 +103,12 @@ static inline void qtile{r}(const int16_t *xq, const float *sx, float *yb, long 
 """
 
 
-def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: str) -> str:
-    """C source of `void {name}(X, Y, M, W, w_scale, bias)`: fp32 in and out, int8 inside."""
+def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: str, act_bits: int = 8) -> str:
+    """C source of `void {name}(X, Y, M, W, w_scale, bias)`: fp32 in and out, int8 inside.
+
+    Activations are quantized on the symmetric `act_bits` grid (see sparta_explore.fake_quant).
+    """
+    level = f"{qmax(act_bits)}.0f"
     tables, chunk_g0 = pattern_tables(groups, n_out, act)
     n_chunks = len(chunk_g0)
     dispatch = "\n".join(
@@ -111,6 +117,7 @@ def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: 
         for r in range(1, R_MAX + 1))
     k_pad = n_in + (n_in % 2)
     return f"""#define VEC 8
+#define QMAX {level}
 #define TILE ({2 * V} * 8)
 #define K_IN {n_in}L
 #define K_PAD {k_pad}L
@@ -124,7 +131,7 @@ def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: 
 static inline float bias_of(const float *bias, long n) {{ return bias ? bias[n] : 0.0f; }}
 {tables}{"".join(_tile(r, act) for r in range(1, R_MAX + 1))}
 static void pack_tile(const float *X, int16_t *xq, float *sx, long m0, long mt) {{
-    /* per row: scale = max|x| / 127, q = round-half-even(x / scale); k pairs interleaved */
+    /* per row: scale = max|x| / QMAX, q = round-half-even(x / scale); k pairs interleaved */
     for (long t = 0; t < TILE; ++t) {{
         if (t >= mt) {{
             sx[t] = 0.0f;
@@ -134,11 +141,11 @@ static void pack_tile(const float *X, int16_t *xq, float *sx, long m0, long mt) 
         const float *src = X + (m0 + t) * K_IN;
         float amax = 0.0f;
         for (long k = 0; k < K_IN; ++k) {{ const float a = fabsf(src[k]); amax = a > amax ? a : amax; }}
-        const float scale = amax > 0.0f ? amax / 127.0f : 1.0f;
+        const float scale = amax > 0.0f ? amax / QMAX : 1.0f;
         sx[t] = scale;
         for (long k = 0; k < K_IN; ++k) {{
             float q = nearbyintf(src[k] / scale);
-            q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
+            q = q > QMAX ? QMAX : (q < -QMAX ? -QMAX : q);
             xq[((k / 2) * TILE + t) * 2 + (k & 1)] = (int16_t)q;
         }}
         if (K_PAD > K_IN) xq[((K_IN / 2) * TILE + t) * 2 + 1] = 0;

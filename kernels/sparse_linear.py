@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sparta_explore.fake_quant import qmax, quantized_linear
 from sparta_explore.kernels.bsr_codegen import TileConfig, V, generate_source, pack_weights, plan_groups
 from sparta_explore.kernels.build import KernelBuildError, build, cpu_flags, vector_width
 from sparta_explore.kernels.int8_codegen import even_segments, generate_int8_source, pack_pairs, quantize_rows
@@ -137,25 +138,34 @@ class SparseLinear(KernelLinear):
 
 
 class Int8SparseLinear(KernelLinear):
-    """y = act(dequant(q(x) q(W_kept)^T) + b): int8 activations (per row) and weights (per output row).
+    """y = act(dequant(q(x) q(W_kept)^T) + b): integer activations (per row) and weights (per output row).
 
     Integer products accumulate exactly in int32 (AVX2 `vpmaddwd` on int16 pairs), so the
     kernel matches `reference`, the same quantization done in PyTorch, to float rounding.
+    `weight_bits` / `act_bits` (2..8) choose the symmetric grids; all run as int8.
 
     Example:
         >>> q = Int8SparseLinear(lin.weight, lin.bias, kept, block_rows=32)  # doctest: +SKIP
     """
 
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kept: torch.Tensor, *,
+                 weight_bits: int = 8, act_bits: int = 8, **kwargs) -> None:
+        qmax(weight_bits)
+        qmax(act_bits)
+        self.weight_bits, self.act_bits = int(weight_bits), int(act_bits)
+        super().__init__(weight, bias, kept, **kwargs)
+
     def _build(self, kept: np.ndarray, block_rows: int, cache_dir) -> None:
         if "avx2" not in cpu_flags():
             raise ValueError("int8 kernels need AVX2")
         groups = even_segments(plan_groups(kept, block_rows))
-        wq, scale = quantize_rows(self.weight.numpy(), kept)
+        wq, scale = quantize_rows(self.weight.numpy(), kept, self.weight_bits)
         self.register_buffer("weight_q", torch.from_numpy(wq))
         self.register_buffer("weight_scale", torch.from_numpy(scale))
         self._tile = 2 * V * 8
         name = "sparse_linear_int8"
-        source = generate_int8_source(groups, self.out_features, self.in_features, self.activation, name)
+        source = generate_int8_source(groups, self.out_features, self.in_features, self.activation, name,
+                                      self.act_bits)
         self.built = build(source, name, cache_dir=cache_dir)
         fn = getattr(self.built.lib, name)
         fn.restype = None
@@ -169,14 +179,6 @@ class Int8SparseLinear(KernelLinear):
                  None if self.bias is None else self.bias.data_ptr())
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
-        """The same quantization in PyTorch: per-row symmetric int8 x, per-output-row int8 W, fp32 out."""
-        if not hasattr(self, "weight_q"):  # the build failed before quantizing: plain masked fp32
-            return _ACT[self.activation](F.linear(x, self.weight, self.bias))
-        amax = x.abs().amax(dim=-1, keepdim=True)
-        sx = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
-        xq = torch.round(x / sx).clamp(-127, 127)
-        acc = F.linear(xq.double(), self.weight_q.double()).float()  # exact integer sums
-        y = acc * sx * self.weight_scale
-        if self.bias is not None:
-            y = y + self.bias
+        """The same quantization in PyTorch (sparta_explore.fake_quant.quantized_linear), then the activation."""
+        y = quantized_linear(x, self.weight, self.bias, weight_bits=self.weight_bits, act_bits=self.act_bits)
         return _ACT[self.activation](y)

@@ -47,3 +47,23 @@ def test_weight_pairs_pack_little_endian():
     from sparta_explore.kernels.int8_codegen import even_segments
     pairs = pack_pairs(wq, even_segments(plan_groups(torch.ones(1, 4).bool().numpy(), 1)))
     assert [(int(p) & 0xFFFF, int(p) >> 16) for p in pairs] == [(127, -127), (0, 64)]
+
+
+@pytest.mark.parametrize("weight_bits,act_bits", [(4, 8), (8, 4), (2, 6)])
+def test_narrow_bit_grids_run_exactly_in_int8(tmp_path, weight_bits, act_bits):
+    w, b = torch.randn(40, 36), torch.randn(40)
+    kept = block_mask(40, 36, (1, 1), 0.4)
+    layer = Int8SparseLinear(w, b, kept, weight_bits=weight_bits, act_bits=act_bits, cache_dir=tmp_path)
+    assert layer.fallback_reason is None
+    levels = 2 ** (weight_bits - 1) - 1
+    assert int(layer.weight_q.abs().max()) == levels  # the row maxima sit on the narrow grid's top level
+    check(layer, 33, 36)
+    x = torch.randn(7, 36)
+    from sparta_explore.fake_quant import quantized_linear
+    want = quantized_linear(x, w * kept, b, weight_bits=weight_bits, act_bits=act_bits)
+    assert torch.allclose(layer(x), want, atol=1e-4)
+
+
+def test_unsupported_bits_are_refused():
+    with pytest.raises(ValueError, match="2..8"):
+        Int8SparseLinear(torch.randn(4, 4), None, torch.ones(4, 4).bool(), weight_bits=12)

@@ -1,0 +1,77 @@
+"""Fake quantization that is bit-exact with the int8 kernels (symmetric, per row).
+
+The compiled int8 kernels quantize activations per row (per token) and weights per output
+row, symmetrically: scale = max|v| / qmax, q = round-half-even(v / scale) clamped to
+[-qmax, qmax], qmax = 2**(bits-1) - 1. Calibration (quantizers/calibrate) and the kernels'
+references use these functions, so the accuracy measured while choosing bits is the
+accuracy the compiled model has. Widths below 8 run in the int8 kernels on a coarser grid.
+
+Example:
+    >>> q, s = quantize_rows(torch.tensor([[1.0, -2.0, 0.5]]), bits=8)
+    >>> q.tolist(), round(float(s), 6)
+    ([[64.0, -127.0, 32.0]], 0.015748)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+INT_BITS = range(2, 9)  # widths the int8 kernels can run exactly
+
+
+def qmax(bits: int) -> int:
+    """Largest symmetric integer level at `bits` (8 -> 127, 4 -> 7).
+
+    Example:
+        >>> qmax(8), qmax(4)
+        (127, 7)
+    """
+    if bits not in INT_BITS:
+        raise ValueError(f"integer bits must be in 2..8 for the int8 kernels, got {bits}")
+    return 2 ** (bits - 1) - 1
+
+
+def quantize_rows(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """Integer levels (as float) and per-row scales of `x` over its last dimension.
+
+    A row of zeros gets scale 1 (its levels are all 0), as in the kernels.
+
+    Example:
+        >>> q, s = quantize_rows(torch.zeros(2, 3))
+        >>> s.flatten().tolist()
+        [1.0, 1.0]
+    """
+    level = float(qmax(bits))
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / level, torch.ones_like(amax))
+    return torch.round(x / scale).clamp(-level, level), scale
+
+
+def fake_quantize_rows(x: torch.Tensor, bits: int = 8) -> torch.Tensor:
+    """`x` rounded to its per-row symmetric `bits` grid (same dtype and shape).
+
+    Example:
+        >>> fake_quantize_rows(torch.tensor([[1.0, 0.3]]), bits=2).tolist()
+        [[1.0, 0.0]]
+    """
+    q, scale = quantize_rows(x, bits)
+    return q * scale
+
+
+def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                     weight_bits: int = 8, act_bits: int = 8) -> torch.Tensor:
+    """F.linear on per-row quantized x and per-output-row quantized weight, as the int8 kernel does.
+
+    Integer products are summed in float64 (exact for int8 levels) before dequantizing, so
+    the result matches the kernel's int32 accumulation to fp32 rounding.
+
+    Example:
+        >>> y = quantized_linear(torch.randn(4, 16), torch.randn(8, 16), weight_bits=4)
+        >>> y.shape
+        torch.Size([4, 8])
+    """
+    xq, sx = quantize_rows(x, act_bits)
+    wq, sw = quantize_rows(weight, weight_bits)
+    y = F.linear(xq.double(), wq.double()).float() * sx * sw.reshape(-1)
+    return y if bias is None else y + bias
