@@ -37,6 +37,7 @@ class ShrunkLinear(nn.Module):
         self.register_buffer("cols", cols)
         self.register_buffer("weight_small", w[rows][:, cols].contiguous())
         self.register_buffer("bias_small", None if bias is None else bias.detach().float()[rows].contiguous())
+        self.register_buffer("bias_full", None if bias is None else bias.detach().float().clone())
         filler = torch.zeros(self.out_features) if bias is None else bias.detach().float().clone()
         self.register_buffer("filler", _ACT[activation](filler))  # what pruned outputs hold
         self.all_rows = len(rows) == self.out_features
@@ -59,3 +60,9 @@ class ShrunkLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in={self.in_features}->{len(self.cols)}, out={self.out_features}->{len(self.rows)}, "
                 f"act={self.activation}")
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """The masked dense op (the same PyTorch arithmetic, unshrunk)."""
+        w = torch.zeros(self.out_features, self.in_features)
+        w[self.rows.reshape(-1, 1), self.cols.reshape(1, -1)] = self.weight_small
+        return _ACT[self.activation](F.linear(x, w, self.bias_full))

@@ -8,6 +8,8 @@ Example:
     >>> g = se.capture(model, (x,))                       # doctest: +SKIP
     >>> table = se.pruners.prune(model, cfg, pruner="l1norm", graph=g)  # doctest: +SKIP
     >>> print(table.summary())                            # doctest: +SKIP
+    >>> cm = se.compile(model, se.propagate(g, table), (x,))  # doctest: +SKIP
+    >>> print(se.measure(cm, (x,)).median_ms)             # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from sparta_explore.tesa_table import TeSATable
 
 __version__ = "0.1.0"
 
-# Submodules loaded on first attribute access, so `import sparta_explore` stays lean.
-_LAZY_SUBMODULES = ("pruners", "quantizers", "kernels", "zoo", "cli")
+# Submodules loaded on first attribute access, so `import sparta_explore` stays lean. The stage
+# modules compile, measure and plan are callable: se.compile(model, table, x) runs compile.compile.
+_LAZY_SUBMODULES = ("pruners", "quantizers", "kernels", "zoo", "cli", "compile", "measure", "plan", "device",
+                    "explore")
 
 
 def __getattr__(name: str) -> Any:

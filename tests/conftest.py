@@ -23,3 +23,11 @@ def trained(cache_dir, digits):
         model, _ = pretrained(name, cache_dir=cache_dir, data=digits)
         return model
     return load
+
+
+@pytest.fixture(scope="session")
+def device(cache_dir):
+    """This machine's device profile, measured once per session on the small reference problem."""
+    from sparta_explore.device import DeviceProfile
+
+    return DeviceProfile.load_or_measure(quick=True, cache_dir=cache_dir)

@@ -1,0 +1,157 @@
+"""Dense and channel-shrunk ops on PyTorch's own kernels, and the sum of several sub-operators.
+
+These are the candidates a plan always has (so it is never slower than dense) and the
+glue that runs a decomposed op: `SummedParts` adds the outputs of sub-operators that each
+cover part of the weight, then applies the bias and the activation once.
+
+Example:
+    >>> op = DenseLinear(torch.randn(8, 4), torch.zeros(8), activation="relu")
+    >>> bool((op(torch.randn(3, 4)) >= 0).all())
+    True
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sparta_explore.kernels.sparse_linear import _ACT, check_linear_args
+
+
+class DenseLinear(nn.Module):
+    """act(x W^T + b) with F.linear (MKL); W already masked / fake-quantized by the caller.
+
+    Example:
+        >>> DenseLinear(torch.eye(2), None)(torch.ones(1, 2)).tolist()
+        [[1.0, 1.0]]
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, activation: str = "none") -> None:
+        super().__init__()
+        check_linear_args(weight, torch.ones_like(weight, dtype=torch.bool), activation)
+        self.out_features, self.in_features = weight.shape
+        self.activation = activation
+        self.register_buffer("weight", weight.detach().float().contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _ACT[self.activation](F.linear(x, self.weight, self.bias))
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """Itself: PyTorch's dense op is the reference."""
+        return self.forward(x)
+
+
+class ShrunkConv2d(nn.Module):
+    """A Conv2d over the kept output channels (and, for groups=1, kept input channels) only.
+
+    Pruned output channels hold the bias (or 0), broadcast without compute.
+
+    Example:
+        >>> conv = nn.Conv2d(4, 6, 3, padding=1); kept = torch.ones(6, 4, 3, 3, dtype=torch.bool); kept[2] = False
+        >>> ShrunkConv2d(conv, conv.weight * kept, kept).weight_small.shape
+        torch.Size([5, 4, 3, 3])
+    """
+
+    def __init__(self, conv: nn.Conv2d, weight: torch.Tensor, kept: torch.Tensor) -> None:
+        super().__init__()
+        if kept.shape != conv.weight.shape:
+            raise ValueError(f"kept mask {tuple(kept.shape)} does not match conv weight {tuple(conv.weight.shape)}")
+        if conv.padding_mode != "zeros":
+            raise ValueError(f"ShrunkConv2d supports zero padding only, got {conv.padding_mode!r}")
+        self.in_channels, self.out_channels = conv.in_channels, conv.out_channels
+        self.kernel_size, self.stride, self.padding = conv.kernel_size, conv.stride, conv.padding
+        self.dilation, self.groups = conv.dilation, conv.groups
+        flat = kept.reshape(kept.shape[0], -1)
+        if conv.groups == 1:
+            rows = flat.any(dim=1).nonzero().flatten()
+            cols = kept.any(dim=(0, 2, 3)).nonzero().flatten()
+        else:  # grouped: whole groups only would keep the grouping valid; cut nothing
+            rows = torch.arange(kept.shape[0])
+            cols = torch.arange(conv.in_channels)
+        self.register_buffer("rows", rows)
+        self.register_buffer("cols", cols)
+        w = weight.detach().float()
+        self.register_buffer("weight_small", w[rows][:, cols].contiguous())
+        bias = None if conv.bias is None else conv.bias.detach().float()
+        self.register_buffer("bias_small", None if bias is None else bias[rows].contiguous())
+        self.register_buffer("filler", torch.zeros(self.out_channels) if bias is None else bias.clone())
+        self.all_rows = len(rows) == self.out_channels
+        self.all_cols = len(cols) == self.in_channels
+
+    @property
+    def density(self) -> float:
+        """Fraction of the dense work this module does."""
+        return self.weight_small.numel() / (self.out_channels * self.in_channels // self.groups
+                                            * self.kernel_size[0] * self.kernel_size[1])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xs = x if self.all_cols else x.index_select(1, self.cols)
+        ys = F.conv2d(xs, self.weight_small, self.bias_small, self.stride, self.padding, self.dilation, self.groups)
+        if self.all_rows:
+            return ys
+        y = self.filler.reshape(1, -1, 1, 1).expand(ys.shape[0], -1, ys.shape[2], ys.shape[3]).clone()
+        y[:, self.rows] = ys
+        return y
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """The full masked convolution."""
+        w = torch.zeros(self.out_channels, self.in_channels // self.groups, *self.kernel_size)
+        w[self.rows.reshape(-1, 1), self.cols.reshape(1, -1)] = self.weight_small
+        return F.conv2d(x, w, self.filler if self.bias_small is not None else None, self.stride, self.padding,
+                        self.dilation, self.groups)
+
+
+class DenseConv2d(ShrunkConv2d):
+    """The masked (fake-quantized) convolution with nothing cut: the dense candidate for convs.
+
+    Example:
+        >>> conv = nn.Conv2d(2, 3, 1); op = DenseConv2d(conv, conv.weight, torch.ones(3, 2, 1, 1, dtype=torch.bool))
+        >>> op.all_rows and op.all_cols
+        True
+    """
+
+    def __init__(self, conv: nn.Conv2d, weight: torch.Tensor, kept: torch.Tensor) -> None:
+        super().__init__(conv, weight, torch.ones_like(kept))
+
+
+class SummedParts(nn.Module):
+    """act(sum of sub-operator outputs + b): one op decomposed into parts over disjoint weight elements.
+
+    Each part is built without bias and activation; adding in place keeps one output buffer.
+
+    Example:
+        >>> a, b = DenseLinear(torch.eye(2), None), DenseLinear(torch.eye(2), None)
+        >>> SummedParts([a, b], torch.ones(2))(torch.ones(1, 2)).tolist()
+        [[3.0, 3.0]]
+    """
+
+    def __init__(self, parts: list[nn.Module], bias: torch.Tensor | None, activation: str = "none") -> None:
+        super().__init__()
+        if not parts:
+            raise ValueError("SummedParts needs at least one part")
+        self.parts = nn.ModuleList(parts)
+        self.activation = activation
+        self.out_features, self.in_features = parts[0].out_features, parts[0].in_features
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
+
+    @property
+    def density(self) -> float:
+        """Fraction of dense work: the parts' densities add up."""
+        return sum(float(getattr(p, "density", 1.0)) for p in self.parts)
+
+    def _combine(self, outputs) -> torch.Tensor:
+        y = next(outputs)
+        for more in outputs:
+            y += more
+        if self.bias is not None:
+            y += self.bias
+        return _ACT[self.activation](y)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._combine(p(x) for p in self.parts)
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """The parts' references summed, then bias and activation."""
+        return self._combine(p.reference(x) for p in self.parts)

@@ -1,0 +1,32 @@
+"""Stage modules that can be called like their main function: `se.compile(...)`, `se.measure(...)`.
+
+A package attribute named like a submodule is replaced by the submodule once it is imported,
+so `se.compile` cannot stay a plain function beside `sparta_explore/compile.py`. Instead the
+module itself becomes callable and forwards to its function of the same name.
+
+Example:
+    >>> import sparta_explore as se
+    >>> callable(se.measure)
+    True
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+
+def make_callable(module_name: str, function: str) -> None:
+    """Let `sys.modules[module_name](...)` call its attribute `function`.
+
+    Example:
+        >>> make_callable(__name__, "make_callable")  # doctest: +SKIP
+    """
+    module = sys.modules[module_name]
+
+    class CallableModule(types.ModuleType):
+        def __call__(self, *args, **kwargs):
+            return getattr(self, function)(*args, **kwargs)
+
+    CallableModule.__call__.__doc__ = getattr(module, function).__doc__
+    module.__class__ = CallableModule

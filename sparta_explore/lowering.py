@@ -1,0 +1,120 @@
+"""Lowering: a planned candidate becomes an nn.Module of kernels (one builder per kernel family).
+
+Builders are registered per (kernel family, op kind). A candidate with one sub-operator
+gets the bias and activation fused into its kernel; several sub-operators are wrapped in
+`SummedParts` (bias and activation once, after the sum). Weights run at fewer than 8 bits
+in fp32 kernels are fake-quantized first (sparta_explore.fake_quant), so every family
+computes the numbers the TeSA asked for.
+
+Example:
+    >>> op = lower(candidate, module, activation="relu", m=4096)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from sparta_explore.fake_quant import fake_quantize_rows
+from sparta_explore.kernels.bsr_codegen import TileConfig
+from sparta_explore.kernels.dense import DenseConv2d, DenseLinear, ShrunkConv2d, SummedParts
+from sparta_explore.kernels.shrink import ShrunkLinear
+from sparta_explore.kernels.sparse_linear import Int8SparseLinear, SparseLinear
+from sparta_explore.plan.execution_plan import FP32, Candidate, SubOp
+from sparta_explore.registry import Registry
+
+
+@dataclass(frozen=True)
+class LowerContext:
+    """What every builder needs besides the sub-operator: the original module, fusion, rows, cache."""
+
+    module: nn.Module
+    activation: str
+    m: int
+    cache_dir: str | os.PathLike | None
+    tune: bool
+
+
+Builder = Callable[[SubOp, torch.Tensor | None, str, LowerContext], nn.Module]
+BUILDERS: Registry = Registry("kernel builder")
+
+
+def register_builder(kernel: str, kind: str) -> Callable[[Builder], Builder]:
+    """Register how to build sub-operators of family `kernel` for ops of `kind`."""
+    def add(fn: Builder) -> Builder:
+        BUILDERS.add(f"{kernel}:{kind}", fn)
+        return fn
+    return add
+
+
+def part_weight(module: nn.Module, sub: SubOp) -> torch.Tensor:
+    """The module's weight masked to `sub`'s part, fake-quantized to its grid when run in fp32 below 8 bits.
+
+    Example:
+        >>> part_weight(nn.Linear(4, 2), sub).shape  # doctest: +SKIP
+        torch.Size([2, 4])
+    """
+    w = module.weight.detach().float()
+    flat = w.reshape(w.shape[0], -1) * sub.mask
+    if sub.kernel != "int8" and sub.weight_bits < FP32:
+        flat = fake_quantize_rows(flat, sub.weight_bits)
+    return flat.reshape(w.shape)
+
+
+def _linear_kind(module: nn.Module) -> str:
+    return "conv" if isinstance(module, nn.Conv2d) else "linear"
+
+
+def lower(candidate: Candidate, ctx: LowerContext) -> nn.Module:
+    """Build the modules of `candidate` for `ctx.module`, fused and summed as planned.
+
+    Example:
+        >>> lower(plan_.ops["fc1"].candidate("sparse"), LowerContext(fc1, "relu", 128, None, False))  # doctest: +SKIP
+    """
+    kind = _linear_kind(ctx.module)
+    bias = None if ctx.module.bias is None else ctx.module.bias.detach().float()
+    if len(candidate.parts) == 1:
+        sub = candidate.parts[0]
+        return BUILDERS.get(f"{sub.kernel}:{kind}")(sub, bias, ctx.activation, ctx)
+    if kind != "linear":
+        raise ValueError(f"candidate {candidate.name!r}: only linear ops decompose into summed parts")
+    parts = [BUILDERS.get(f"{sub.kernel}:{kind}")(sub, None, "none", ctx) for sub in candidate.parts]
+    return SummedParts(parts, bias, ctx.activation)
+
+
+@register_builder("dense", "linear")
+def _dense_linear(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Module:
+    return DenseLinear(part_weight(ctx.module, sub), bias, activation)
+
+
+@register_builder("shrink", "linear")
+def _shrink_linear(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Module:
+    return ShrunkLinear(part_weight(ctx.module, sub), bias, sub.mask, activation)
+
+
+@register_builder("sparse", "linear")
+def _sparse_linear(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Module:
+    tile = "auto" if ctx.tune else TileConfig()
+    return SparseLinear(part_weight(ctx.module, sub), bias, sub.mask, block_rows=sub.block[0], activation=activation,
+                        cache_dir=ctx.cache_dir, tile=tile, expected_m=ctx.m)
+
+
+@register_builder("int8", "linear")
+def _int8_linear(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Module:
+    return Int8SparseLinear(part_weight(ctx.module, sub), bias, sub.mask, block_rows=sub.block[0],
+                            activation=activation, cache_dir=ctx.cache_dir, weight_bits=sub.weight_bits,
+                            act_bits=sub.act_bits)
+
+
+@register_builder("dense", "conv")
+def _dense_conv(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Module:
+    return DenseConv2d(ctx.module, part_weight(ctx.module, sub), sub.mask.reshape(ctx.module.weight.shape))
+
+
+@register_builder("shrink", "conv")
+def _shrink_conv(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Module:
+    return ShrunkConv2d(ctx.module, part_weight(ctx.module, sub), sub.mask.reshape(ctx.module.weight.shape))

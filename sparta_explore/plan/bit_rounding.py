@@ -1,0 +1,70 @@
+"""BitRounding: every kept element's bits rounded up to a width the device runs.
+
+A TeSA may ask for any width (3 bits here, 12 there); kernels exist for a few (8 and 32
+on this machine). Rounding up never loses accuracy. When a tensor's elements round to
+more than one width, two options exist: run everything at the widest (one sub-tensor)
+or split it into one sub-tensor per width (each runs at its own, cheaper, width).
+
+Example:
+    >>> bits = torch.tensor([[0, 3, 12], [8, 8, 32]], dtype=torch.uint8)
+    >>> [(o.name, sorted(o.parts)) for o in bit_options(bits, (8, 32))]
+    [('uniform', [32]), ('split', [8, 32])]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+
+def round_bits(bits: torch.Tensor, widths: Sequence[int]) -> torch.Tensor:
+    """Each element's bits rounded up to the narrowest of `widths` holding it; 0 (pruned) stays 0.
+
+    Example:
+        >>> round_bits(torch.tensor([0, 1, 8, 9, 32], dtype=torch.uint8), (8, 32)).tolist()
+        [0, 8, 8, 32, 32]
+    """
+    ws = sorted(int(w) for w in widths)
+    if not ws:
+        raise ValueError("round_bits needs at least one width")
+    top = int(bits.max()) if bits.numel() else 0
+    if top > ws[-1]:
+        raise ValueError(f"bits {top} exceed every width the device runs {tuple(ws)}")
+    out = torch.zeros_like(bits)
+    for w in reversed(ws):  # narrowest last, so it wins where it fits
+        out = torch.where((bits > 0) & (bits <= w), torch.tensor(w, dtype=bits.dtype), out)
+    return out
+
+
+@dataclass(frozen=True)
+class BitOption:
+    """One way to run a tensor: `parts[width]` is the bool mask of elements run at that width.
+
+    `grid[width]` is the finest grid actually needed inside the part (e.g. 4 for a part of
+    4-bit weights run by the 8-bit kernels), so the kernels quantize exactly as asked.
+    """
+
+    name: str
+    parts: dict[int, torch.Tensor] = field(hash=False)
+    grid: dict[int, int] = field(hash=False)
+
+
+def bit_options(bits: torch.Tensor, widths: Sequence[int]) -> list[BitOption]:
+    """'uniform' (all kept at the widest rounded width) and, when widths differ, 'split'.
+
+    Example:
+        >>> [o.name for o in bit_options(torch.full((2, 2), 8, dtype=torch.uint8), (8, 32))]
+        ['uniform']
+    """
+    rounded = round_bits(bits, widths)
+    kept = bits > 0
+    present = sorted({int(w) for w in rounded[kept].unique().tolist()}) if bool(kept.any()) else [max(widths)]
+    top = present[-1]
+    options = [BitOption("uniform", {top: kept}, {top: int(bits.max()) if bool(kept.any()) else top})]
+    if len(present) > 1:
+        parts = {w: rounded == w for w in present}
+        grid = {w: int(bits[parts[w]].max()) for w in present}
+        options.append(BitOption("split", parts, grid))
+    return options

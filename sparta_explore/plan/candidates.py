@@ -1,0 +1,141 @@
+"""Candidate generators, one per op kind, registered by decorator.
+
+Each generator turns what the planner knows about an op (`OpInfo`) into the candidate
+decompositions the device can run, each with a predicted time. Dense is always a
+candidate, and dense-shrink whenever whole rows or columns are pruned, so a measured
+choice is never slower than dense.
+
+Example:
+    >>> @register_candidates("my_kind")
+    ... def mine(info, device):
+    ...     return [dense_candidate(info, device)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from sparta_explore.device import INT8, DeviceProfile
+from sparta_explore.plan.bit_rounding import BitOption, bit_options
+from sparta_explore.plan.block_cover import Cover, single_shape_cover, weighted_block_cover
+from sparta_explore.plan.execution_plan import FP32, Candidate, SubOp
+from sparta_explore.registry import Registry
+
+# index_select of the kept columns and scatter into the full output, relative to a dense op of that size
+SHRINK_COPY_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """One weighted op as the planner sees it: 2-D kept mask and bits (out x in view), rows, activation bits."""
+
+    name: str
+    kind: str
+    kept: torch.Tensor = field(hash=False, compare=False)
+    bits: torch.Tensor = field(hash=False, compare=False)
+    m: int
+    act_bits: int
+
+    @property
+    def out_features(self) -> int:
+        return self.kept.shape[0]
+
+    @property
+    def in_features(self) -> int:
+        return self.kept.shape[1]
+
+
+Generator = Callable[[OpInfo, DeviceProfile], list[Candidate]]
+CANDIDATES: Registry = Registry("candidate generator")
+
+
+def register_candidates(kind: str) -> Callable[[Generator], Generator]:
+    """Register the candidate generator for ops of `kind` ("linear", "conv", ...)."""
+    def add(fn: Generator) -> Generator:
+        CANDIDATES.add(kind, fn)
+        return fn
+    return add
+
+
+def _fp32_grid(option: BitOption, width: int) -> int:
+    """Weights asked for <= 8 bits but run in fp32 are fake-quantized to their grid (exactly as asked)."""
+    grid = option.grid[width]
+    return grid if grid <= INT8 else FP32
+
+
+def dense_candidate(info: OpInfo, device: DeviceProfile) -> Candidate:
+    """The unchanged dense op (masked weights; fake-quantized when asked for <= 8 bits)."""
+    top = int(info.bits.max()) if info.bits.numel() else FP32
+    grid = top if 0 < top <= INT8 else FP32
+    ms = device.dense_ms(out_features=info.out_features, in_features=info.in_features, bits=FP32, m=info.m)
+    return Candidate("dense", (SubOp("dense", tuple(info.kept.shape), grid, FP32, 1, info.kept),), ms)
+
+
+def shrink_candidate(info: OpInfo, device: DeviceProfile) -> Candidate | None:
+    """Dense over the kept rows and columns only; None when no row or column is fully pruned."""
+    rows, cols = int(info.kept.any(dim=1).sum()), int(info.kept.any(dim=0).sum())
+    if rows == info.out_features and cols == info.in_features:
+        return None
+    dense = dense_candidate(info, device)
+    share = rows * cols / max(1, info.out_features * info.in_features)
+    ms = dense.predicted_ms * (share + SHRINK_COPY_SHARE)
+    return Candidate("shrink", (SubOp("shrink", (rows, cols), dense.parts[0].weight_bits, FP32, 1, info.kept),), ms)
+
+
+def _cover_costs(device: DeviceProfile, bits: int) -> dict[tuple[int, int], float]:
+    return {b: device.block_ns(bits, b) for b in device.blocks}
+
+
+def _best_single(mask: torch.Tensor, costs: dict[tuple[int, int], float]) -> Cover:
+    return min((single_shape_cover(mask, b, c) for b, c in costs.items()), key=lambda cv: cv.cost)
+
+
+def _sub_ops(cover: Cover, kernel: str, weight_bits: int, act_bits: int) -> list[SubOp]:
+    return [SubOp(kernel, p.block, weight_bits, act_bits, p.n_blocks, p.mask) for p in cover.parts]
+
+
+def sparse_candidates(info: OpInfo, device: DeviceProfile) -> list[Candidate]:
+    """Per bit option: one kernel with the best single block shape, and the weighted block cover."""
+    out = []
+    overhead = device.op_overhead_us / 1e3
+    int8_ok = INT8 in device.bits and info.act_bits <= INT8
+    for option in bit_options(info.bits, device.bits):
+        if option.name == "split" and not int8_ok:
+            continue  # without int8 activations every part runs in fp32: splitting only adds a pass
+        single, covered = [], []
+        cost_single = cost_cover = 0.0
+        for width, mask in option.parts.items():
+            run_int8 = width <= INT8 and int8_ok
+            kernel, w_grid = ("int8", option.grid[width]) if run_int8 else ("sparse", _fp32_grid(option, width))
+            a_grid = info.act_bits if run_int8 else FP32
+            costs = _cover_costs(device, INT8 if run_int8 else FP32)
+            best = _best_single(mask, costs)
+            cover = weighted_block_cover(mask, costs)
+            single += _sub_ops(best, kernel, w_grid, a_grid)
+            covered += _sub_ops(cover, kernel, w_grid, a_grid)
+            cost_single += best.cost
+            cost_cover += cover.cost
+        prefix = "" if option.name == "uniform" else "split-"
+        ms = lambda ns, parts: ns * info.m / 1e6 + overhead * max(1, len(parts))  # noqa: E731
+        out.append(Candidate(f"{prefix}sparse", tuple(single), ms(cost_single, single)))
+        if [(p.block, p.n_blocks) for p in covered] != [(p.block, p.n_blocks) for p in single]:
+            out.append(Candidate(f"{prefix}cover", tuple(covered), ms(cost_cover, covered)))
+    return out
+
+
+@register_candidates("linear")
+def linear_candidates(info: OpInfo, device: DeviceProfile) -> list[Candidate]:
+    """Dense, dense-shrink, sparse kernels (fp32 / int8, single shape or block cover, uniform or split bits)."""
+    found = [dense_candidate(info, device), shrink_candidate(info, device)]
+    if bool(info.kept.any()):
+        found += sparse_candidates(info, device)
+    return [c for c in found if c is not None]
+
+
+@register_candidates("conv")
+def conv_candidates(info: OpInfo, device: DeviceProfile) -> list[Candidate]:
+    """Dense and channel-shrunk convolutions (PyTorch's kernels; low bits as fake-quantized fp32)."""
+    return [c for c in (dense_candidate(info, device), shrink_candidate(info, device)) if c is not None]

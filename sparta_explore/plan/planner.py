@@ -1,0 +1,111 @@
+"""plan(): from a graph and its TeSAs to an ExecutionPlan (predicted; compile measures and chooses).
+
+For every weighted op whose weight TeSA prunes something or asks for fewer than 32 bits,
+the planner reads the kept mask and bits (as an out x in matrix), the rows the op sees per
+call, the bits of its input activation, and whether an elementwise activation right after
+it can be fused; then the op kind's registered generator lists the candidates.
+
+Example:
+    >>> p = plan(capture(model, (x,)), table, DeviceProfile.load_or_measure())  # doctest: +SKIP
+    >>> print(p)                                                               # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+
+from sparta_explore.device import INT8, DeviceProfile
+from sparta_explore.graph import Graph
+from sparta_explore.plan.candidates import CANDIDATES, OpInfo
+from sparta_explore.plan.execution_plan import FP32, ExecutionPlan, OpPlan
+from sparta_explore.tesa import TeSA
+
+# Module classes the planner knows, by the candidate generator kind that handles them.
+OP_KINDS: dict[type, str] = {nn.Linear: "linear", nn.Conv2d: "conv"}
+
+# Elementwise ops a kernel can fuse after a linear: fx target -> kernel activation name.
+FUSABLE: dict[object, str] = {nn.ReLU: "relu", F.relu: "relu", torch.relu: "relu", "relu": "relu",
+                              nn.GELU: "gelu", F.gelu: "gelu"}
+
+
+def _fusable(graph: Graph, node: fx.Node) -> tuple[str, str | None]:
+    """("relu" | "gelu", the activation node) when `node`'s only reader is such an op, else ("none", None)."""
+    users = list(node.users)
+    if len(users) != 1:
+        return "none", None
+    user = users[0]
+    if user.op == "call_module":
+        mod = graph.module.get_submodule(user.target)
+        key: object = type(mod)
+        if isinstance(mod, nn.GELU) and mod.approximate != "none":
+            return "none", None
+    elif user.op in ("call_function", "call_method"):
+        key = user.target
+        if user.kwargs.get("approximate", "none") != "none" or len(user.args) != 1:
+            return "none", None
+    else:
+        return "none", None
+    act = FUSABLE.get(key)
+    return (act, user.name) if act else ("none", None)
+
+
+def _act_bits(table: Mapping[str, TeSA], graph: Graph, node: fx.Node) -> int:
+    src = node.args[0] if node.args else None
+    if not isinstance(src, fx.Node):
+        return FP32
+    tesa = table.get(graph.tensor_name(src))
+    if tesa is None:
+        return FP32
+    kept = tesa.kept_bits()
+    top = max(kept) if kept else FP32
+    return top if top <= INT8 else FP32
+
+
+def _rows(graph: Graph, node: fx.Node, kind: str, out_features: int) -> int:
+    out = graph.tensors.get(node.name)
+    if out is None:
+        return 1
+    return max(1, math.prod(out.shape) // out_features)
+
+
+def plan(graph: Graph, table: Mapping[str, TeSA], device: DeviceProfile | None = None) -> ExecutionPlan:
+    """Candidates (with predicted times) for every pruned or quantized weighted op of `graph`.
+
+    Example:
+        >>> p = plan(g, table, device)   # doctest: +SKIP
+        >>> p.ops["fc1"].candidates[0].name  # doctest: +SKIP
+        'dense'
+    """
+    device = device or DeviceProfile.load_or_measure()
+    ops: dict[str, OpPlan] = {}
+    for node in graph.nodes():
+        if node.op != "call_module":
+            continue
+        module = graph.module.get_submodule(node.target)
+        kind = OP_KINDS.get(type(module))
+        weight_name = graph.canonical(f"{node.target}.weight")
+        tesa = table.get(weight_name)
+        if kind is None or tesa is None:
+            continue
+        act_bits = _act_bits(table, graph, node) if kind == "linear" else FP32
+        if tesa.sparsity == 0 and all(b >= FP32 for b in tesa.kept_bits()) and act_bits == FP32:
+            continue  # nothing to exploit: the op stays as it is
+        tesa.check_fits(module.weight.shape, weight_name)
+        out_features = module.weight.shape[0]
+        kept = tesa.kept.reshape(out_features, -1)
+        info = OpInfo(node.name, kind, kept, tesa.bits.reshape(out_features, -1),
+                      _rows(graph, node, kind, out_features), act_bits)
+        activation, act_node = _fusable(graph, node) if kind == "linear" else ("none", None)
+        candidates = CANDIDATES.get(kind)(info, device)
+        ops[node.name] = OpPlan(
+            op=node.name, target=str(node.target), kind=kind, weight=weight_name, shape=tuple(module.weight.shape),
+            m=info.m, density=float(kept.float().mean()), weight_bits=max(tesa.kept_bits(), default=0),
+            act_bits=act_bits, activation=activation, activation_node=act_node, candidates=candidates,
+            dense_predicted_ms=candidates[0].predicted_ms)
+    return ExecutionPlan(ops, device.key)

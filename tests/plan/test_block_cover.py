@@ -1,0 +1,65 @@
+"""WeightedBlockCover: disjoint parts that cover exactly the kept elements, at low cost."""
+
+import pytest
+import torch
+
+from sparta_explore.plan import single_shape_cover, weighted_block_cover
+from sparta_explore.plan.block_cover import tile_counts
+
+COSTS = {(1, 1): 1.0, (1, 32): 8.0, (32, 32): 160.0}  # per element: 1, 0.25, 0.16
+
+
+def block_pattern(n, k, block, density, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h, w = block
+    tiles = torch.rand(-(-n // h), -(-k // w), generator=g) < density
+    return tiles.repeat_interleave(h, 0).repeat_interleave(w, 1)[:n, :k]
+
+
+def assert_partition(cover, kept):
+    union = torch.zeros_like(kept)
+    for p in cover.parts:
+        assert not bool((union & p.mask).any()), "parts overlap"
+        union |= p.mask
+        assert p.n_blocks == int((tile_counts(p.mask, p.block) > 0).sum()) or p.block == (1, 1)
+    assert torch.equal(union, kept)
+
+
+@pytest.mark.parametrize("shape", [(96, 128), (70, 45), (33, 1)])  # ragged edges
+@pytest.mark.parametrize("block", [(32, 32), (1, 32), (1, 1)])
+@pytest.mark.parametrize("density", [0.0, 0.2, 1.0])
+def test_cover_partitions_the_kept_elements(shape, block, density):
+    kept = block_pattern(*shape, block, density)
+    cover = weighted_block_cover(kept, COSTS)
+    assert_partition(cover, kept)
+    assert cover.cost <= int(kept.sum()) * COSTS[(1, 1)] + 1e-9  # never worse than all 1x1
+
+
+def test_pure_block_pattern_uses_its_own_block():
+    kept = block_pattern(128, 128, (32, 32), 0.3, seed=1)
+    cover = weighted_block_cover(kept, COSTS)
+    assert [p.block for p in cover.parts] == [(32, 32)]
+    assert cover.parts[0].n_blocks == int(kept.sum()) // 1024
+
+
+def test_scattered_elements_stay_1x1_and_mixture_mixes():
+    kept = torch.rand(64, 64, generator=torch.Generator().manual_seed(2)) < 0.02
+    assert [p.block for p in weighted_block_cover(kept, COSTS).parts] == [(1, 1)]
+    mixed = kept.clone()
+    mixed[:32, :32] = True  # one dense block among scattered elements
+    blocks = {p.block for p in weighted_block_cover(mixed, COSTS).parts}
+    assert (32, 32) in blocks and (1, 1) in blocks
+
+
+def test_cover_beats_or_matches_the_best_single_shape_on_mixtures():
+    kept = block_pattern(128, 128, (32, 32), 0.25, seed=4) | block_pattern(128, 128, (1, 32), 0.05, seed=5)
+    cover = weighted_block_cover(kept, COSTS)
+    single = min(single_shape_cover(kept, b, c).cost for b, c in COSTS.items())
+    assert cover.cost <= single
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="1, 1"):
+        weighted_block_cover(torch.ones(4, 4, dtype=torch.bool), {(2, 2): 1.0})
+    with pytest.raises(ValueError, match="2-D"):
+        weighted_block_cover(torch.ones(4, dtype=torch.bool), COSTS)

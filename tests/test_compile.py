@@ -1,0 +1,114 @@
+"""compile(): kernels chosen by measured time, verified against the masked (fake-quantized) model."""
+
+import warnings
+
+import pytest
+import torch
+from plan.test_planner import Net
+from torch import nn
+
+import sparta_explore as se
+from sparta_explore.compile import CompileWarning, compile
+from sparta_explore.fake_quant import fake_quantize_rows, quantized_linear
+from sparta_explore.kernels import KernelBuildError
+from sparta_explore.zoo import build_model, example_inputs
+
+
+def block_table(model, graph, sparsity, block):
+    from sparta_explore.pruners import prune
+    from sparta_explore.pruners.block import BlockPruneConfig
+
+    return prune(model, BlockPruneConfig(sparsity=sparsity, block=block), pruner="block", graph=graph)
+
+
+@pytest.mark.parametrize("block", [(32, 32), (1, 32), (1, 1)])
+def test_compiled_mlp_matches_the_masked_model(device, cache_dir, block):
+    model, x = Net(), torch.randn(33, 64)
+    g = se.capture(model, (x,))
+    table = se.propagate(g, block_table(model, g, 0.8, block))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cm = compile(model, table, (x,), device=device, cache_dir=cache_dir, tune=False)
+    want = se.masked_copy(model, table)(x)
+    assert torch.allclose(cm(x), want, atol=1e-4, rtol=1e-4)
+    assert cm(torch.randn(5, 64)).shape == (5, 10)  # other batch sizes run too
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "compile must not touch the model"
+    report = cm.report
+    assert set(report.op) == set(cm.plan.ops)
+    for op in cm.plan.ops.values():
+        assert op.chosen in op.measured_ms and "dense" in op.measured_ms
+        assert op.measured_ms[op.chosen] == min(op.measured_ms.values())
+    assert cm.max_error < 1e-3
+
+
+def test_int8_weights_and_inputs_run_on_the_fake_quantized_grid(device, cache_dir):
+    if 8 not in device.bits:
+        pytest.skip("no int8 kernels on this machine")
+    model = nn.Sequential(nn.Linear(64, 48))
+    x = torch.randn(20, 64)
+    g = se.capture(model, (x,))
+    table = se.TeSATable({"0.weight": se.TeSA.dense((48, 64), bits=4), g.inputs[0]: se.TeSA.dense((1, 64), bits=8)})
+    cm = compile(model, table, (x,), device=device, cache_dir=cache_dir, tune=False)
+    op = cm.plan.ops["_0"]
+    chosen = op.candidate(op.chosen)
+    w, b = model[0].weight.detach(), model[0].bias.detach()
+    if chosen.parts[0].kernel == "int8":
+        want = quantized_linear(x, w, b, weight_bits=4, act_bits=8)
+    else:  # fp32 kernels run the 4-bit weights with unquantized activations
+        want = nn.functional.linear(x, fake_quantize_rows(w, 4), b)
+    assert torch.allclose(cm(x), want, atol=1e-3)
+    assert {p.kernel for c in op.candidates for p in c.parts} >= {"dense", "int8"}
+    assert cm.fp32_error > 0  # 4-bit weights really are quantized
+
+
+def test_digits_cnn_compiles_convs_and_linears(device, cache_dir):
+    model, x = build_model("digits-cnn"), example_inputs("digits-cnn", batch=16)
+    g = se.capture(model, x)
+    from sparta_explore.pruners import prune
+    from sparta_explore.pruners.nni_pruners import NNIPruneConfig
+
+    table = se.propagate(g, prune(model, NNIPruneConfig(sparsity=0.5), pruner="l1norm", graph=g))
+    cm = compile(model, table, x, device=device, cache_dir=cache_dir, tune=False)
+    assert {op.kind for op in cm.plan.ops.values()} >= {"linear"}
+    model.eval()
+    ref = se.masked_copy(model, table).eval()
+    assert torch.allclose(cm(*x), ref(*x), atol=1e-4)
+
+
+def test_bert_tiny_with_block_pruning(device, cache_dir):
+    model, x = build_model("bert-tiny").eval(), example_inputs("bert-tiny")
+    g = se.capture(model, x)
+    table = se.propagate(g, block_table(model, g, 0.5, (16, 16)))
+    cm = compile(model, table, x, device=device, cache_dir=cache_dir, tune=False)
+    assert torch.allclose(cm(*x), se.masked_copy(model, table)(*x), atol=1e-4)
+    fused = [op for op in cm.plan.ops.values() if op.activation == "gelu"]
+    assert fused, "the FFN's GELU fuses into fc1"
+    assert "gelu" not in cm.module.code  # the activation node is gone from the compiled graph
+
+
+def test_a_kernel_that_fails_to_build_falls_back_with_a_warning(device, cache_dir, monkeypatch):
+    import sparta_explore.kernels.sparse_linear as sl
+
+    def broken(*a, **k):
+        raise KernelBuildError("gcc exploded")
+
+    monkeypatch.setattr(sl, "build", broken)
+    model, x = Net(), torch.randn(9, 64)
+    g = se.capture(model, (x,))
+    table = block_table(model, g, 0.9, (1, 1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cm = compile(model, table, (x,), device=device, cache_dir=cache_dir, tune=False)
+    assert any(issubclass(w.category, CompileWarning) and "gcc exploded" in str(w.message) for w in caught)
+    assert all(op.candidate(op.chosen).parts[0].kernel in ("dense", "shrink") for op in cm.plan.ops.values())
+    assert torch.allclose(cm(x), se.masked_copy(model, table)(x), atol=1e-4)
+
+
+def test_predicted_choice_builds_few_candidates(device, cache_dir):
+    model, x = Net(), torch.randn(9, 64)
+    g = se.capture(model, (x,))
+    table = block_table(model, g, 0.9, (32, 32))
+    cm = compile(model, table, (x,), device=device, cache_dir=cache_dir, choose="predicted", tune=False)
+    for op in cm.plan.ops.values():
+        assert len(op.measured_ms) == 1 and op.chosen == op.best_predicted().name
+    with pytest.raises(ValueError, match="choose"):
+        compile(model, table, (x,), device=device, choose="fastest")
