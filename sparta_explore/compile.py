@@ -18,7 +18,7 @@ import copy
 import os
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -213,12 +213,13 @@ def _get_attr(module: nn.Module, target: str) -> object:
 
 def compile(model: nn.Module, table: Mapping[str, TeSA], example_inputs, *, plan: ExecutionPlan | None = None,
             device: DeviceProfile | None = None, choose: str = "measured", tune: bool = True, runs: int = 5,
-            cache_dir: str | os.PathLike | None = None) -> CompiledModel:
+            kernels: Collection[str] | None = None, cache_dir: str | os.PathLike | None = None) -> CompiledModel:
     """Compile `model` with the pruning and bits of `table` into kernels, verified; see the module docstring.
 
     `choose="measured"` builds and times every candidate (default); `"predicted"` trusts the
     profile and builds only its favourite (plus dense if that fails). `tune` runs the tile
-    search for the chosen fp32 sparse kernels. `model` itself is not modified.
+    search for the chosen fp32 sparse kernels. `kernels` limits the kernel families tried
+    (e.g. {"dense", "shrink"}; dense is always kept). `model` itself is not modified.
 
     Example:
         >>> cm = compile(model, table, (x,))   # doctest: +SKIP
@@ -232,6 +233,10 @@ def compile(model: nn.Module, table: Mapping[str, TeSA], example_inputs, *, plan
     graph = capture(model, inputs)
     device = device or DeviceProfile.load_or_measure(cache_dir=cache_dir)
     execution = plan if plan is not None else make_plan(graph, table, device)
+    if kernels is not None:
+        for op in execution.ops.values():
+            op.candidates = [c for c in op.candidates
+                             if c.name == "dense" or all(p.kernel in kernels for p in c.parts)]
     gm = copy.deepcopy(graph.module)
     apply_table(gm, {k: v for k, v in table.items() if "." in k})
     masked = copy.deepcopy(gm)

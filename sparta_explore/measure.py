@@ -54,7 +54,11 @@ class Measurement:
         return asdict(self)
 
 
-def _nonzero_fraction(t: torch.Tensor | None) -> float:
+def _nonzero_fraction(t) -> float:
+    if callable(t):  # torch's quantized modules expose weight() as a method
+        t = t()
+    if isinstance(t, torch.Tensor) and t.is_quantized:
+        t = t.dequantize()
     if t is None or t.numel() == 0:
         return 1.0
     return float((t != 0).sum()) / t.numel()

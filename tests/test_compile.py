@@ -112,3 +112,12 @@ def test_predicted_choice_builds_few_candidates(device, cache_dir):
         assert len(op.measured_ms) == 1 and op.chosen == op.best_predicted().name
     with pytest.raises(ValueError, match="choose"):
         compile(model, table, (x,), device=device, choose="fastest")
+
+
+def test_kernel_families_can_be_restricted(device, cache_dir):
+    model, x = Net(), torch.randn(9, 64)
+    g = se.capture(model, (x,))
+    table = block_table(model, g, 0.9, (1, 1))
+    cm = compile(model, table, (x,), device=device, cache_dir=cache_dir, kernels={"shrink"}, tune=False)
+    for op in cm.plan.ops.values():
+        assert {p.kernel for c in op.candidates for p in c.parts} <= {"dense", "shrink"}

@@ -66,3 +66,12 @@ def test_peak_memory_sees_a_large_temporary():
 def test_bad_run_counts_are_refused():
     with pytest.raises(ValueError, match="runs"):
         measure(nn.Linear(2, 2), (torch.randn(1, 2),), runs=0)
+
+
+def test_torch_dynamic_int8_models_are_counted():
+    model = nn.Sequential(nn.Linear(16, 16))
+    with torch.no_grad():
+        model[0].weight[:8] = 0
+    q = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+    dense, eff = count_flops(q, (torch.randn(2, 16),))
+    assert dense == 2 * 2 * 16 * 16 and eff == dense // 2
