@@ -35,6 +35,11 @@ class DenseLinear(nn.Module):
         self.register_buffer("weight", weight.detach().float().contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
 
+    @property
+    def density(self) -> float:
+        """Fraction of the weight that is nonzero (what effective FLOPs count)."""
+        return int(torch.count_nonzero(self.weight)) / max(1, self.weight.numel())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _ACT[self.activation](F.linear(x, self.weight, self.bias))
 
@@ -63,13 +68,10 @@ class ShrunkConv2d(nn.Module):
         self.in_channels, self.out_channels = conv.in_channels, conv.out_channels
         self.kernel_size, self.stride, self.padding = conv.kernel_size, conv.stride, conv.padding
         self.dilation, self.groups = conv.dilation, conv.groups
-        flat = kept.reshape(kept.shape[0], -1)
-        if conv.groups == 1:
-            rows = flat.any(dim=1).nonzero().flatten()
-            cols = kept.any(dim=(0, 2, 3)).nonzero().flatten()
-        else:  # grouped: whole groups only would keep the grouping valid; cut nothing
-            rows = torch.arange(kept.shape[0])
-            cols = torch.arange(conv.in_channels)
+        if conv.groups != 1 and not bool(kept.all()):
+            raise ValueError(f"a grouped conv (groups={conv.groups}) cannot drop channels without regrouping")
+        rows = kept.reshape(kept.shape[0], -1).any(dim=1).nonzero().flatten()
+        cols = kept.any(dim=(0, 2, 3)).nonzero().flatten() if conv.groups == 1 else torch.arange(kept.shape[1])
         self.register_buffer("rows", rows)
         self.register_buffer("cols", cols)
         w = weight.detach().float()
@@ -78,15 +80,22 @@ class ShrunkConv2d(nn.Module):
         self.register_buffer("bias_small", None if bias is None else bias[rows].contiguous())
         self.register_buffer("filler", torch.zeros(self.out_channels) if bias is None else bias.clone())
         self.all_rows = len(rows) == self.out_channels
-        self.all_cols = len(cols) == self.in_channels
+        self.all_cols = conv.groups != 1 or len(cols) == conv.in_channels
+        self.empty = len(rows) == 0 or len(cols) == 0  # every output is its bias: no compute at all
 
     @property
     def density(self) -> float:
-        """Fraction of the dense work this module does."""
-        return self.weight_small.numel() / (self.out_channels * self.in_channels // self.groups
-                                            * self.kernel_size[0] * self.kernel_size[1])
+        """Fraction of the full weight that is nonzero (what effective FLOPs count)."""
+        return int(torch.count_nonzero(self.weight_small)) / (self.out_channels * self.in_channels // self.groups
+                                                              * self.kernel_size[0] * self.kernel_size[1])
+
+    def _out_size(self, x: torch.Tensor) -> tuple[int, int]:
+        return tuple((x.shape[2 + i] + 2 * self.padding[i] - self.dilation[i] * (self.kernel_size[i] - 1) - 1)
+                     // self.stride[i] + 1 for i in range(2))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.empty:
+            return self.filler.reshape(1, -1, 1, 1).expand(x.shape[0], -1, *self._out_size(x)).clone()
         xs = x if self.all_cols else x.index_select(1, self.cols)
         ys = F.conv2d(xs, self.weight_small, self.bias_small, self.stride, self.padding, self.dilation, self.groups)
         if self.all_rows:
@@ -113,7 +122,7 @@ class DenseConv2d(ShrunkConv2d):
     """
 
     def __init__(self, conv: nn.Conv2d, weight: torch.Tensor, kept: torch.Tensor) -> None:
-        super().__init__(conv, weight, torch.ones_like(kept))
+        super().__init__(conv, weight, torch.ones_like(kept, dtype=torch.bool))
 
 
 class SummedParts(nn.Module):
@@ -138,8 +147,8 @@ class SummedParts(nn.Module):
 
     @property
     def density(self) -> float:
-        """Fraction of dense work: the parts' densities add up."""
-        return sum(float(getattr(p, "density", 1.0)) for p in self.parts)
+        """Nonzero fraction of the whole weight: the parts hold disjoint elements, so densities add up."""
+        return sum(float(p.density) for p in self.parts)
 
     def _combine(self, outputs) -> torch.Tensor:
         y = next(outputs)

@@ -45,8 +45,8 @@ class ShrunkLinear(nn.Module):
 
     @property
     def density(self) -> float:
-        """Fraction of the dense work this module does."""
-        return self.weight_small.numel() / (self.out_features * self.in_features)
+        """Fraction of the full weight that is nonzero (what effective FLOPs count)."""
+        return int(torch.count_nonzero(self.weight_small)) / (self.out_features * self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xs = x if self.all_cols else x.index_select(-1, self.cols)

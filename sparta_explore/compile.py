@@ -132,8 +132,11 @@ def _try_candidate(op: OpPlan, candidate: Candidate, ctx: LowerContext, x: torch
     why = _fell_back(module)
     if why is not None and candidate.name != "dense":
         return None, None, f"{candidate.name}: kernel unusable ({why})"
-    with torch.inference_mode():
-        err = _relative_error(module(x), module.reference(x))
+    try:
+        with torch.inference_mode():
+            err = _relative_error(module(x), module.reference(x))
+    except (RuntimeError, ValueError, IndexError) as e:
+        return None, None, f"{candidate.name}: failed on the example input ({e})"
     tol = OP_TOLERANCE[FP32 if _narrowest(candidate) == FP32 else 8]
     if not err <= tol:
         return None, None, f"{candidate.name}: error {err:.2e} over {tol:.0e} on the example input"

@@ -38,6 +38,7 @@ class OpInfo:
     bits: torch.Tensor = field(hash=False, compare=False)
     m: int
     act_bits: int
+    groups: int = 1
 
     @property
     def out_features(self) -> int:
@@ -137,5 +138,9 @@ def linear_candidates(info: OpInfo, device: DeviceProfile) -> list[Candidate]:
 
 @register_candidates("conv")
 def conv_candidates(info: OpInfo, device: DeviceProfile) -> list[Candidate]:
-    """Dense and channel-shrunk convolutions (PyTorch's kernels; low bits as fake-quantized fp32)."""
-    return [c for c in (dense_candidate(info, device), shrink_candidate(info, device)) if c is not None]
+    """Dense and channel-shrunk convolutions (PyTorch's kernels; low bits as fake-quantized fp32).
+
+    Grouped convolutions (depthwise) only run dense: dropping channels would break the grouping.
+    """
+    shrink = shrink_candidate(info, device) if info.groups == 1 else None
+    return [c for c in (dense_candidate(info, device), shrink) if c is not None]

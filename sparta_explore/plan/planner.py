@@ -100,7 +100,7 @@ def plan(graph: Graph, table: Mapping[str, TeSA], device: DeviceProfile | None =
         out_features = module.weight.shape[0]
         kept = tesa.kept.reshape(out_features, -1)
         info = OpInfo(node.name, kind, kept, tesa.bits.reshape(out_features, -1),
-                      _rows(graph, node, kind, out_features), act_bits)
+                      _rows(graph, node, kind, out_features), act_bits, getattr(module, "groups", 1))
         activation, act_node = _fusable(graph, node) if kind == "linear" else ("none", None)
         candidates = CANDIDATES.get(kind)(info, device)
         ops[node.name] = OpPlan(
