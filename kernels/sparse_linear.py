@@ -85,6 +85,27 @@ class KernelLinear(nn.Module):
         if not err <= tol:
             raise AssertionError(f"max error {err:.3g} over tolerance {tol:.3g}")
 
+    def __getstate__(self) -> dict:
+        # ctypes handles cannot be pickled: keep the library's path and bind it again on load
+        state = self.__dict__.copy()
+        state.pop("_fn", None)
+        built = state.pop("built", None)
+        state["_library_path"] = None if built is None or self._fn is None else str(built.path)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        path = state.pop("_library_path", None)
+        super().__setstate__(state)
+        self._fn = None
+        if path is None:
+            return
+        try:
+            self._bind(ctypes.CDLL(path))
+        except OSError as e:  # copied to a machine without the cached library
+            self.fallback_reason = f"kernel library not loadable after unpickling ({e})"
+            warnings.warn(f"{type(self).__name__}: {self.fallback_reason}; running the reference op",
+                          KernelFallbackWarning, stacklevel=2)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._fn is None:
             return self.reference(x)
@@ -122,10 +143,13 @@ class SparseLinear(KernelLinear):
         source = generate_source(groups, self.out_features, self.in_features, self._vec, self.activation, name,
                                  self.tile)
         self.built = build(source, name, cache_dir=cache_dir)
-        fn = getattr(self.built.lib, name)
+        self._packed = torch.from_numpy(pack_weights(self.weight.numpy(), kept, groups))
+        self._bind(self.built.lib)
+
+    def _bind(self, lib: ctypes.CDLL) -> None:
+        fn = lib.sparse_linear
         fn.restype = None
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
-        self._packed = torch.from_numpy(pack_weights(self.weight.numpy(), kept, groups))
         self._fn = fn
 
     def _run(self, x2: torch.Tensor, y: torch.Tensor) -> None:
@@ -167,11 +191,14 @@ class Int8SparseLinear(KernelLinear):
         source = generate_int8_source(groups, self.out_features, self.in_features, self.activation, name,
                                       self.act_bits)
         self.built = build(source, name, cache_dir=cache_dir)
-        fn = getattr(self.built.lib, name)
+        self._packed = torch.from_numpy(pack_pairs(wq, groups))
+        self._bind(self.built.lib)
+
+    def _bind(self, lib: ctypes.CDLL) -> None:
+        fn = lib.sparse_linear_int8
         fn.restype = None
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
                        ctypes.c_void_p]
-        self._packed = torch.from_numpy(pack_pairs(wq, groups))
         self._fn = fn
 
     def _run(self, x2: torch.Tensor, y: torch.Tensor) -> None:

@@ -121,3 +121,13 @@ def test_kernel_families_can_be_restricted(device, cache_dir):
     cm = compile(model, table, (x,), device=device, cache_dir=cache_dir, kernels={"shrink"}, tune=False)
     for op in cm.plan.ops.values():
         assert {p.kernel for c in op.candidates for p in c.parts} <= {"dense", "shrink"}
+
+
+def test_compiled_models_deepcopy(device, cache_dir):
+    import copy
+
+    model, x = Net(), torch.randn(9, 64)
+    g = se.capture(model, (x,))
+    cm = compile(model, block_table(model, g, 0.9, (1, 32)), (x,), device=device, cache_dir=cache_dir, tune=False)
+    twin = copy.deepcopy(cm)
+    assert torch.equal(twin(x), cm(x)) and twin.report.equals(cm.report)

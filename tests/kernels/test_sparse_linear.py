@@ -116,3 +116,22 @@ def test_no_warning_on_the_happy_path(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         SparseLinear(torch.randn(8, 8), None, torch.rand(8, 8) > 0.5, cache_dir=tmp_path)
+
+
+def test_kernels_survive_deepcopy_and_torch_save(tmp_path):
+    import copy
+    import io
+
+    from sparta_explore.kernels import Int8SparseLinear
+
+    w, b = torch.randn(24, 40), torch.randn(24)
+    kept = torch.rand(24, 40) > 0.7
+    x = torch.randn(9, 40)
+    for layer in (SparseLinear(w, b, kept, cache_dir=tmp_path), Int8SparseLinear(w, b, kept, cache_dir=tmp_path)):
+        twin = copy.deepcopy(layer)
+        assert twin._fn is not None and torch.equal(twin(x), layer(x))
+        buf = io.BytesIO()
+        torch.save(layer, buf)
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+        assert loaded._fn is not None and torch.equal(loaded(x), layer(x))
