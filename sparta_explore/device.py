@@ -25,7 +25,7 @@ import torch
 
 from sparta_explore.cache import atomic_write, content_key, resolve_cache_dir
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
 BLOCKS: tuple[tuple[int, int], ...] = ((1, 1), (1, 32), (16, 16), (32, 32), (32, 64), (64, 32), (64, 64))
 FP32, INT8 = 32, 8
 
@@ -194,15 +194,22 @@ def machine_key(shape: ProfileShape) -> str:
                         "shape": asdict(shape)})[:16]
 
 
-def _best_ms(fn, x: torch.Tensor, repeats: int) -> float:
-    # the fastest run, not the median: a cost model wants the machine's speed, not its neighbours' load
-    fn(x)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+def _best_ms_round_robin(fns: dict, x: torch.Tensor, rounds: int) -> dict:
+    """Fastest time (ms) of each function, timed in interleaved rounds.
+
+    The fastest run, not the median: a cost model wants this machine's speed, not its
+    neighbours' load; interleaving spreads any burst of load over every function instead
+    of spoiling the one that happened to run during it.
+    """
+    best = {key: float("inf") for key in fns}
+    for fn in fns.values():
         fn(x)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return min(times)
+    for _ in range(rounds):
+        for key, fn in fns.items():
+            t0 = time.perf_counter()
+            fn(x)
+            best[key] = min(best[key], (time.perf_counter() - t0) * 1e3)
+    return best
 
 
 def _block_pattern(shape: ProfileShape, block: tuple[int, int], gen: torch.Generator) -> tuple[torch.Tensor, int]:
@@ -232,18 +239,20 @@ def measure_profile(shape: ProfileShape, *, key: str = "", cache_dir: str | os.P
     x = torch.randn(m, k, generator=gen)
     bits = (INT8, FP32) if "avx2" in cpu_flags() else (FP32,)
     builders = {FP32: SparseLinear, INT8: Int8SparseLinear}
-    costs: dict[tuple[int, int, int], float] = {}
+    ops, blocks_of = {}, {}
     for b in bits:
         for block in BLOCKS:
-            kept, n_blocks = _block_pattern(shape, block, gen)
-            op = builders[b](weight, None, kept, block_rows=block[0], cache_dir=cache_dir, check=False)
-            costs[(b, *block)] = _best_ms(op, x, shape.repeats) * 1e6 / (max(n_blocks, 1) * m)
-    dense = {FP32: _best_ms(lambda t: F.linear(t, weight), x, shape.repeats) * 1e6 / (n * k * m)}
+            kept, blocks_of[(b, *block)] = _block_pattern(shape, block, gen)
+            ops[(b, *block)] = builders[b](weight, None, kept, block_rows=block[0], cache_dir=cache_dir, check=False)
+    ops[("dense", FP32)] = lambda t: F.linear(t, weight)
     if INT8 in bits:
-        op = Int8SparseLinear(weight, None, torch.ones(n, k, dtype=torch.bool), cache_dir=cache_dir, check=False)
-        dense[INT8] = _best_ms(op, x, shape.repeats) * 1e6 / (n * k * m)
+        ops[("dense", INT8)] = Int8SparseLinear(weight, None, torch.ones(n, k, dtype=torch.bool), cache_dir=cache_dir,
+                                                check=False)
+    best = _best_ms_round_robin(ops, x, shape.repeats)
+    costs = {key: best[key] * 1e6 / (max(blocks_of[key], 1) * m) for key in blocks_of}
+    dense = {b: best[("dense", b)] * 1e6 / (n * k * m) for b in bits}
     tiny = torch.randn(1, 8)
-    overhead = _best_ms(lambda t: F.linear(t, torch.ones(8, 8)), tiny, 50) * 1e3
+    overhead = _best_ms_round_robin({"tiny": lambda t: F.linear(t, torch.ones(8, 8))}, tiny, 50)["tiny"] * 1e3
     return DeviceProfile(key=key, cpu=cpu_model(), threads=torch.get_num_threads(), bits=bits, blocks=BLOCKS,
                          block_costs=costs, dense_costs=dense, op_overhead_us=overhead,
                          seconds=time.perf_counter() - start)
