@@ -6,6 +6,10 @@ Example:
     >>> table = prune_table.merge(q)                                                 # doctest: +SKIP
 """
 
+from sparta_explore.quantizers.calibrate import CalibrationResult, calibrate, calibrate_bits
+from sparta_explore.quantizers.calibrate_config import CalibrationConfig, CalibrationStep
+from sparta_explore.quantizers.calibrate_split import CalibrationData, accuracy_on, calibrate_on_split, calibration_data
+from sparta_explore.quantizers.fake_quant_model import FakeQuantOp, fake_quant_model
 from sparta_explore.quantizers.nni_quantizers import NNIQuantConfig
 from sparta_explore.quantizers.registry import (
                                                 QuantBits,
@@ -18,5 +22,7 @@ from sparta_explore.quantizers.registry import (
 )
 from sparta_explore.quantizers.uniform import UniformQuantConfig, uniform_bits
 
-__all__ = ["NNIQuantConfig", "QuantBits", "UniformQuantConfig", "bits_to_table", "get_quantizer", "parse_quant_dtype",
-           "quantize", "quantizer_names", "register_quantizer", "uniform_bits"]
+__all__ = ["CalibrationConfig", "CalibrationData", "CalibrationResult", "CalibrationStep", "FakeQuantOp",
+           "NNIQuantConfig", "QuantBits", "UniformQuantConfig", "accuracy_on", "bits_to_table", "calibrate",
+           "calibrate_bits", "calibrate_on_split", "calibration_data", "fake_quant_model", "get_quantizer",
+           "parse_quant_dtype", "quantize", "quantizer_names", "register_quantizer", "uniform_bits"]
