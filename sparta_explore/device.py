@@ -194,12 +194,16 @@ def machine_key(shape: ProfileShape) -> str:
                         "shape": asdict(shape)})[:16]
 
 
-def _best_ms_round_robin(fns: dict, x: torch.Tensor, rounds: int) -> dict:
-    """Fastest time (ms) of each function, timed in interleaved rounds.
+def fastest_ms(fns: dict, x: torch.Tensor, rounds: int) -> dict:
+    """Fastest time (ms) of each function on `x`, timed in interleaved rounds.
 
     The fastest run, not the median: a cost model wants this machine's speed, not its
     neighbours' load; interleaving spreads any burst of load over every function instead
     of spoiling the one that happened to run during it.
+
+    Example:
+        >>> sorted(fastest_ms({"a": torch.relu, "b": torch.tanh}, torch.ones(4), rounds=3))
+        ['a', 'b']
     """
     best = {key: float("inf") for key in fns}
     for fn in fns.values():
@@ -248,11 +252,11 @@ def measure_profile(shape: ProfileShape, *, key: str = "", cache_dir: str | os.P
     if INT8 in bits:
         ops[("dense", INT8)] = Int8SparseLinear(weight, None, torch.ones(n, k, dtype=torch.bool), cache_dir=cache_dir,
                                                 check=False)
-    best = _best_ms_round_robin(ops, x, shape.repeats)
+    best = fastest_ms(ops, x, shape.repeats)
     costs = {key: best[key] * 1e6 / (max(blocks_of[key], 1) * m) for key in blocks_of}
     dense = {b: best[("dense", b)] * 1e6 / (n * k * m) for b in bits}
     tiny = torch.randn(1, 8)
-    overhead = _best_ms_round_robin({"tiny": lambda t: F.linear(t, torch.ones(8, 8))}, tiny, 50)["tiny"] * 1e3
+    overhead = fastest_ms({"tiny": lambda t: F.linear(t, torch.ones(8, 8))}, tiny, 50)["tiny"] * 1e3
     return DeviceProfile(key=key, cpu=cpu_model(), threads=torch.get_num_threads(), bits=bits, blocks=BLOCKS,
                          block_costs=costs, dense_costs=dense, op_overhead_us=overhead,
                          seconds=time.perf_counter() - start)

@@ -108,6 +108,8 @@ class ExecutionPlan:
     def table(self) -> pd.DataFrame:
         """One row per op: choice, parts, bits, predicted / measured ms, dense ms.
 
+        Measured times are the fastest of compile's interleaved timing rounds on the op's input.
+
         Example:
             >>> plan(graph, table, device).table().columns.tolist()[:3]  # doctest: +SKIP
             ['op', 'kind', 'choice']
