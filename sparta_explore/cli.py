@@ -6,6 +6,8 @@ Example:
     $ sparta-explore demo
     $ sparta-explore prune --model digits-mlp --pruner level --sparsity 0.8 --out t.npz
     $ sparta-explore summary t.npz
+    $ sparta-explore sweep --sparsity 0.5 0.9 --block 32x32 1x32 --bits 32 8 --out results/sweep
+    $ sparta-explore plot results/sweep && sparta-explore report results/sweep
 """
 
 from __future__ import annotations
@@ -15,8 +17,12 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sparta_explore.errors import SpartaError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -62,16 +68,30 @@ def _prune_arguments(p: argparse.ArgumentParser, *, default_model: str = "digits
 
 def _demo_arguments(p: argparse.ArgumentParser) -> None:
     _prune_arguments(p)
-    p.add_argument("--out", type=Path, default=Path("results/demo"), help="folder for the table and summary")
+    p.add_argument("--out", type=Path, default=Path("results/demo"),
+                   help="folder for the table, summary, sweep results, figures and report")
+    p.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True,
+                   help="also run the small latency sweep (results.csv, Pareto PNGs, report.md)")
+    p.add_argument("--sweep-model", default="digits-ffn", help="digits model the sweep compiles and times")
+    p.add_argument("--sweep-sparsity", type=float, nargs="+", default=[0.5, 0.9], help="sweep sparsities")
+    p.add_argument("--sweep-block", type=_grid_block, nargs="+", default=["32x32", "1x1"],
+                   help="block-pruner patterns, e.g. 32x32 1x32 1x1")
+    p.add_argument("--sweep-bits", type=int, nargs="+", default=[32, 8], help="32 (fp32) or 2..8 (int)")
+    p.add_argument("--sweep-batch", type=int, default=None, help="latency batch (default: the model's)")
+    p.add_argument("--sweep-runs", type=int, default=20, help="timed forward calls per latency measurement")
 
 
-@command("demo", "train (or load) the digits CNN, prune it with NNI, print its TeSA summary", _demo_arguments)
+@command("demo", "prune the digits CNN with NNI and propagate; then sweep, plot and report measured latency",
+         _demo_arguments)
 def _demo(args: argparse.Namespace) -> int:
     from sparta_explore.demo import DemoConfig, run_demo
 
     cfg = DemoConfig(model=args.model, pruner=args.pruner, sparsity=args.sparsity, block=args.block,
                      exclude=None if args.exclude is None else tuple(args.exclude), quantizer=args.quantizer,
-                     bits=args.bits, finetune_epochs=args.finetune_epochs)
+                     bits=args.bits, finetune_epochs=args.finetune_epochs, sweep=args.sweep,
+                     sweep_model=args.sweep_model, sweep_sparsity=tuple(args.sweep_sparsity),
+                     sweep_blocks=tuple(args.sweep_block), sweep_bits=tuple(args.sweep_bits),
+                     sweep_batch=args.sweep_batch, sweep_runs=args.sweep_runs)
     run_demo(cfg, out=args.out, cache_dir=args.cache_dir, echo=print)
     return 0
 
@@ -87,7 +107,7 @@ def _prune(args: argparse.Namespace) -> int:
 
     cfg = DemoConfig(model=args.model, pruner=args.pruner, sparsity=args.sparsity, block=args.block,
                      exclude=None if args.exclude is None else tuple(args.exclude), quantizer=args.quantizer,
-                     bits=args.bits, finetune_epochs=args.finetune_epochs)
+                     bits=args.bits, finetune_epochs=args.finetune_epochs, sweep=False)
     result = run_demo(cfg, out=args.out.parent, cache_dir=args.cache_dir, echo=print)
     result.table.save(args.out)
     print(f"wrote {args.out}")
@@ -123,6 +143,167 @@ def _pruners(args: argparse.Namespace) -> int:
 
     print("pruners:    " + ", ".join(pruner_names()))
     print("quantizers: " + ", ".join(quantizer_names()))
+    return 0
+
+
+def _nni_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", type=Path,
+                   help="experiment YAML to run (experiments/*.yml), or an experiment folder "
+                        "(<experimentWorkingDirectory>/<id>) to export without running")
+    p.add_argument("--max-trials", type=int, default=None, help="override the config's maxTrialNumber")
+    p.add_argument("--concurrency", type=int, default=None, help="override the config's trialConcurrency")
+    p.add_argument("--port", type=int, default=None, help="manager and web UI port (default: a free one)")
+    p.add_argument("--timeout-min", type=float, default=None, help="stop the experiment after this many minutes")
+    p.add_argument("--out", type=Path, default=None,
+                   help="results CSV (default: results.csv in the experiment folder)")
+
+
+@command("nni", "run an NNI experiment (start, wait, stop) and export its trials to a results table",
+         _nni_arguments)
+def _nni(args: argparse.Namespace) -> int:
+    from sparta_explore.explore.nni_experiment import (
+        RESULTS_CSV,
+        ExperimentRun,
+        export_trials,
+        run_experiment,
+        trial_counts,
+    )
+    from sparta_explore.explore.sweep import write_csv
+
+    if args.config.is_dir():  # an experiment that already ran (e.g. started by nnictl): export only
+        df = export_trials(args.config)
+        out = write_csv(df, args.out or args.config / RESULTS_CSV)
+        print(f"{args.config.name}: trials {dict(trial_counts(args.config))}, {len(df)} rows -> {out}")
+    else:
+        run = ExperimentRun(args.config, max_trials=args.max_trials, concurrency=args.concurrency, port=args.port,
+                            timeout_s=None if args.timeout_min is None else 60.0 * args.timeout_min)
+        df = run_experiment(run, out=args.out).trials
+    cols = ["nni_trial", "sparsity", "block", "bits", "scope", "accuracy", "latency_ms", "dense_latency_ms",
+            "flops_ratio", "score", "nni_params_matched"]
+    print(df[[c for c in cols if c in df.columns]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    return 0
+
+
+def _grid_block(text: str) -> str | None:
+    if text.lower() in ("default", "none"):
+        return None
+    rows, cols = _block(text)
+    return f"{rows}x{cols}"
+
+
+def _sweep_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, default=Path("results/sweep"),
+                   help="results folder (rows/, results.csv, figures, report.md); rerunning resumes it")
+    p.add_argument("--grid", type=Path, default=None,
+                   help="JSON grid (a dict of axes or a list of points); replaces the axis options below")
+    p.add_argument("--model", default="digits-ffn", help="digits model (see `sparta-explore models`)")
+    p.add_argument("--pruner", nargs="+", default=["block"], help="pruners (block, nm, l1norm, level, ...)")
+    p.add_argument("--sparsity", type=float, nargs="+", default=[0.5, 0.75, 0.9], help="sparsities")
+    p.add_argument("--block", type=_grid_block, nargs="+", default=["32x32", "1x32"],
+                   help="pruning granularities, e.g. 32x32 1x32 1x1; 'default' = the pruner's own")
+    p.add_argument("--bits", type=int, nargs="+", default=[32, 8], help="32 (fp32) or 2..8 (integer kernels)")
+    p.add_argument("--scope", nargs="+", default=["layer"], help="layer and/or global sparsity")
+    p.add_argument("--quantizer", default="uniform", help="quantizer for bits < 32")
+    p.add_argument("--calibrate", action="store_true", help="lower bits further by distillation calibration")
+    p.add_argument("--finetune-epochs", type=int, default=1, help="epochs of mask-respecting fine-tuning")
+    p.add_argument("--batch", type=int, default=None, help="latency batch (default: the model's)")
+    p.add_argument("--objective", default="latency", help="objective scored in each row (latency, flops, ...)")
+    p.add_argument("--target", type=float, default=0.5, help="objective target, as a fraction of the dense cost")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--runs", type=int, default=20, help="timed forward calls per latency measurement")
+    p.add_argument("--cache-dir", type=Path, default=None, help="trained weights, kernels and device profile")
+    p.add_argument("--quick-profile", action="store_true",
+                   help="if this machine has no cached device profile, measure the small one (seconds, coarser "
+                        "predictions; compile still times every candidate)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+@command("sweep", "run a grid of trials (prune, quantize, compile, measure) into a resumable results folder",
+         _sweep_arguments)
+def _sweep(args: argparse.Namespace) -> int:
+    import json
+
+    from sparta_explore.explore.sweep import sweep
+
+    if args.grid is not None:
+        grid = json.loads(args.grid.read_text())
+    else:
+        grid = {"model": args.model, "pruner": args.pruner, "scope": args.scope, "block": args.block,
+                "sparsity": args.sparsity, "bits": args.bits, "quantizer": args.quantizer,
+                "calibrate": args.calibrate, "finetune_epochs": args.finetune_epochs, "batch": args.batch,
+                "objective": args.objective, "target": args.target, "seed": args.seed}
+    kwargs: dict[str, object] = {"cache_dir": args.cache_dir, "runs": args.runs}
+    if args.quick_profile:
+        from sparta_explore.device import DeviceProfile
+
+        kwargs["compile_kwargs"] = {"device": DeviceProfile.load_or_measure(quick=True, cache_dir=args.cache_dir)}
+    df = sweep(grid, args.out, progress=not args.no_progress, trial_kwargs=kwargs)
+    _print_results(df)
+    _plot_and_report(df, args.out)
+    return 0
+
+
+def _print_results(df: pd.DataFrame) -> None:
+    cols = ["pruner", "block", "sparsity", "bits", "accuracy", "latency_ms", "dense_latency_ms", "speedup",
+            "flops_ratio", "score"]
+    print(df[[c for c in cols if c in df.columns]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+
+
+def _plot_and_report(df: pd.DataFrame, out: Path) -> None:
+    from sparta_explore.explore.plots import plot_results
+    from sparta_explore.explore.report import write_report
+
+    images = plot_results(df, out)
+    report = write_report(df, out / "report.md", images=images)
+    print("wrote " + ", ".join(str(p) for p in [out / "results.csv", *images, report]))
+
+
+def _results_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("results", type=Path, help="a sweep folder or a results CSV")
+
+
+def _plot_arguments(p: argparse.ArgumentParser) -> None:
+    _results_argument(p)
+    p.add_argument("--out", type=Path, default=None, help="folder for the PNGs (default: beside the results)")
+
+
+def _results_folder(path: Path) -> Path:
+    return path if path.is_dir() else path.parent
+
+
+@command("plot", "draw accuracy-vs-latency Pareto fronts and latency-vs-FLOPs from a results table", _plot_arguments)
+def _plot(args: argparse.Namespace) -> int:
+    from sparta_explore.explore.plots import plot_results
+    from sparta_explore.explore.sweep import load_results
+
+    for path in plot_results(load_results(args.results), args.out or _results_folder(args.results)):
+        print(f"wrote {path}")
+    return 0
+
+
+def _report_arguments(p: argparse.ArgumentParser) -> None:
+    _results_argument(p)
+    p.add_argument("--out", type=Path, default=None, help="markdown file (default: report.md beside the results)")
+    p.add_argument("--target", type=float, default=None,
+                   help="cost target as a fraction of dense (default: the one the trials ran with)")
+
+
+@command("report", "write a markdown report (best model per objective, hypervolumes, all trials)",
+         _report_arguments)
+def _report(args: argparse.Namespace) -> int:
+    from sparta_explore.explore.plots import ACCURACY_LATENCY_PNG, LATENCY_FLOPS_PNG
+    from sparta_explore.explore.report import objective_picks, write_report
+    from sparta_explore.explore.sweep import load_results
+
+    df = load_results(args.results)
+    out = args.out or _results_folder(args.results) / "report.md"
+    images = sorted(p for stem in (ACCURACY_LATENCY_PNG, LATENCY_FLOPS_PNG)
+                    for p in out.parent.glob(stem.replace(".png", "*.png")))
+    write_report(df, out, target=args.target, images=images)
+    target = args.target if args.target is not None else float(df["target"].median())
+    picks = objective_picks(df, target)
+    print(picks.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"wrote {out}")
     return 0
 
 

@@ -1,17 +1,22 @@
-"""The demo job: an embedded model, pruned (and optionally quantized) through NNI, as TeSAs.
+"""The demo job: an embedded model pruned through NNI and propagated; then a small measured sweep.
 
-This is what `make demo` runs on the embedded default (the digits CNN with NNI's
-L1NormPruner). Later stages (propagation, plan, compile, measure) extend it.
+This is what `make demo` runs. Part one: the digits CNN pruned by NNI's L1NormPruner,
+propagated and fine-tuned (`tesa.npz`, `summary.csv`). Part two (`sweep=True`): a handful
+of trials on the exploration default, digits-ffn (BERT-base FFN shapes, latency batch 256),
+over sparsity x block pattern x bits, each compiled and timed against dense PyTorch on this
+machine; writes `results.csv` (resumable: a rerun skips finished trials), the Pareto PNGs and
+`report.md` into the same folder.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 from torch import nn
 
 from sparta_explore.errors import ConfigError
@@ -43,17 +48,46 @@ class DemoConfig:
     training_steps: int = 20
     finetune_epochs: int = 3
     dependent_norms: bool = True
+    sweep: bool = True
+    sweep_model: str = "digits-ffn"
+    sweep_sparsity: tuple[float, ...] = (0.5, 0.9)
+    sweep_blocks: tuple[str | None, ...] = ("32x32", "1x1")
+    sweep_bits: tuple[int, ...] = (32, 8)
+    sweep_batch: int | None = None
+    sweep_runs: int = 20
+    sweep_finetune_epochs: int = 1
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.sparsity < 1.0:
             raise ConfigError(f"sparsity must be in [0, 1), got {self.sparsity}")
         if self.finetune_epochs < 0:
             raise ConfigError(f"finetune_epochs must be >= 0, got {self.finetune_epochs}")
+        if self.sweep_runs < 1:
+            raise ConfigError(f"sweep_runs must be >= 1, got {self.sweep_runs}")
+        for key in ("sweep_sparsity", "sweep_blocks", "sweep_bits"):
+            if not getattr(self, key):
+                raise ConfigError(f"{key} needs at least one value")
+
+    def sweep_grid(self) -> dict[str, object]:
+        """The demo sweep's grid: sparsity x block pattern x bits on `sweep_model` (block pruner).
+
+        Example:
+            >>> DemoConfig().sweep_grid()["block"]
+            ['32x32', '1x1']
+        """
+        return {"model": self.sweep_model, "pruner": "block", "block": list(self.sweep_blocks),
+                "sparsity": list(self.sweep_sparsity), "bits": list(self.sweep_bits), "batch": self.sweep_batch,
+                "finetune_epochs": self.sweep_finetune_epochs}
 
 
 @dataclass
 class DemoResult:
-    """The demo's outputs: the graph, the TeSA table and the accuracies it measured."""
+    """The demo's outputs: the graph, the TeSA table, the accuracies it measured, the sweep's rows.
+
+    Example:
+        >>> run_demo(DemoConfig(sweep=False)).table.total_sparsity()  # doctest: +SKIP
+        0.55
+    """
 
     graph: Graph
     table: TeSATable
@@ -61,10 +95,16 @@ class DemoResult:
     masked_accuracy: float
     finetuned_accuracy: float | None
     seconds: float
+    sweep: pd.DataFrame | None = None
 
 
 def classifier_head(model: nn.Module) -> str:
-    """FQN of the last nn.Linear: pruning its rows would delete classes, so it stays dense."""
+    """FQN of the last nn.Linear: pruning its rows would delete classes, so it stays dense.
+
+    Example:
+        >>> classifier_head(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)))
+        '2'
+    """
     linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     return linears[-1] if linears else ""
 
@@ -88,7 +128,8 @@ def run_demo(cfg: DemoConfig = DemoConfig(), *, out: str | os.PathLike | None = 
              cache_dir: str | os.PathLike | None = None, echo: Callable[[str], None] = print) -> DemoResult:
     """Load (or train) `cfg.model`, prune it, optionally quantize, and report the TeSAs.
 
-    Writes `tesa.npz` and `summary.csv` into `out` (unless None).
+    Writes `tesa.npz` and `summary.csv` into `out` (unless None), then, with `cfg.sweep`,
+    runs the sweep there (`results.csv`, `rows/`, the two PNGs and `report.md`).
 
     Example:
         >>> result = run_demo(DemoConfig(pruner="level", sparsity=0.8))  # doctest: +SKIP
@@ -157,4 +198,42 @@ def run_demo(cfg: DemoConfig = DemoConfig(), *, out: str | os.PathLike | None = 
         propagated.table.save(out / "tesa.npz")
         compare.to_csv(out / "summary.csv", index=False)
         echo(f"wrote {out / 'tesa.npz'} and {out / 'summary.csv'}")
-    return DemoResult(graph, propagated.table, dense_acc, masked_acc, tuned_acc, time.perf_counter() - start)
+    rows = run_demo_sweep(cfg, out, cache_dir=cache_dir, echo=echo) if cfg.sweep and out is not None else None
+    return DemoResult(graph, propagated.table, dense_acc, masked_acc, tuned_acc, time.perf_counter() - start, rows)
+
+
+def run_demo_sweep(cfg: DemoConfig, out: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
+                   echo: Callable[[str], None] = print,
+                   compile_kwargs: Mapping[str, object] | None = None) -> pd.DataFrame:
+    """The demo's second part: sweep `cfg.sweep_grid()` into `out`, then draw the fronts and write the report.
+
+    `compile_kwargs` go to every trial's `compile` (e.g. a `device` profile).
+
+    Example:
+        >>> rows = run_demo_sweep(DemoConfig(), "results/demo")  # doctest: +SKIP
+    """
+    from sparta_explore.explore.plots import plot_results
+    from sparta_explore.explore.report import objective_picks, write_report
+    from sparta_explore.explore.sweep import RESULTS_CSV, expand_grid, sweep
+
+    out = Path(out)
+    start = time.perf_counter()
+    points = expand_grid(cfg.sweep_grid())
+    echo("")
+    echo(f"sweep: {len(points)} trials on {cfg.sweep_model} (sparsity {list(cfg.sweep_sparsity)} x block "
+         f"{list(cfg.sweep_blocks)} x bits {list(cfg.sweep_bits)}), each compiled and timed against dense PyTorch")
+    rows = sweep(points, out, trial_kwargs={"cache_dir": cache_dir, "runs": cfg.sweep_runs,
+                                            "compile_kwargs": compile_kwargs})
+    cols = ["block", "sparsity", "bits", "accuracy", "latency_ms", "dense_latency_ms", "speedup", "flops_ratio"]
+    echo(rows[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    images = plot_results(rows, out)
+    report = write_report(rows, out / "report.md", images=images)
+    picks = objective_picks(rows, float(rows["target"].median())).set_index("objective")
+    for name in ("latency", "flops"):
+        p = picks.loc[name]
+        echo(f"{name}-guided pick at {rows['target'].median():g} x dense: {p['pattern']} sparsity {p['sparsity']:g} "
+             f"{int(p['bits'])} bits, accuracy {p['accuracy']:.4f}, {p['latency_ms']:.2f} ms "
+             f"({p['latency_ratio']:.2f} x dense)")
+    echo(f"sweep took {time.perf_counter() - start:.0f} s; wrote {out / RESULTS_CSV}, "
+         + ", ".join(str(p) for p in images) + f", {report}")
+    return rows

@@ -88,6 +88,15 @@ def _digits_mlp() -> nn.Module:
     return DigitsMLP()
 
 
+# The embedded default for exploration: the digits' accuracy with the weight shapes of a
+# BERT-base FFN (768 -> 3072 -> 768), so pruned/quantized kernels have real work to skip;
+# the 64-256-128 digits MLP takes ~0.1 ms, where kernel choice cannot show in a measurement.
+@register_model("digits-ffn", input_shape=(1, 8, 8), default_batch=256, task="digits",
+                description="64-768-3072-768-10 MLP: BERT-base FFN shapes on the 8x8 digits (latency batch 256)")
+def _digits_ffn() -> nn.Module:
+    return DigitsMLP(hidden=(768, 3072, 768))
+
+
 @register_model("digits-resnet", input_shape=(1, 8, 8), default_batch=64, task="digits",
                 description="ResNet-style basic blocks with residual adds, for the 8x8 digits")
 def _digits_resnet() -> nn.Module:

@@ -1,0 +1,119 @@
+"""run_trial end to end on the digits MLP (compiled, verified, timed), and the pieces it is built from."""
+
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from sparta_explore.errors import ConfigError
+from sparta_explore.explore.objectives import score
+from sparta_explore.explore.params import TrialParams
+from sparta_explore.explore.trial import (
+    METRIC_FIELDS,
+    ROW_COLUMNS,
+    TrialResult,
+    calibration_ladder,
+    latency_inputs,
+    prune_config,
+    quant_config,
+    resolved_batch,
+    run_trial,
+)
+
+MLP = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+
+
+def test_block_and_nm_configs_follow_the_params():
+    cfg, exclude = prune_config(TrialParams(block=(1, 32), sparsity=0.75, scope="global"), MLP)
+    assert (cfg.block, cfg.sparsity, cfg.scope, cfg.exclude_op_names, exclude) == ((1, 32), 0.75, "global",
+                                                                                   ("3",), ("3",))
+    nm, _ = prune_config(TrialParams(pruner="nm", sparsity=0.5, block=(1, 4)), MLP)
+    assert (nm.n, nm.m) == (2, 4)
+    with pytest.raises(ConfigError, match="n=2.8"):
+        prune_config(TrialParams(pruner="nm", sparsity=0.3, block=(1, 4)), MLP)
+    with pytest.raises(ConfigError, match="needs a block shape"):
+        prune_config(TrialParams(block=None), MLP)
+
+
+def test_nni_configs_take_granularity_and_global_groups():
+    cfg, _ = prune_config(TrialParams(pruner="l1norm", block=None), MLP)
+    assert cfg.granularity == "default" and cfg.exclude_op_names == ("3",)
+    level, _ = prune_config(TrialParams(pruner="level", block=(1, 4)), MLP)
+    assert level.granularity == (1, 4)
+    (entry,) = prune_config(TrialParams(pruner="level", block=None, scope="global"), MLP)[0]
+    assert entry["global_group_id"] == 0 and entry["sparse_ratio"] == 0.5 and entry["exclude_op_names"] == ["3"]
+    assert quant_config(TrialParams(bits=4), ("3",)).exclude_op_names == ("3",)
+
+
+def test_small_helpers():
+    assert calibration_ladder(32) == (16, 8, 4) and calibration_ladder(4) == (4,)
+    (x,) = latency_inputs(torch.arange(6.0).reshape(3, 2), 7)
+    assert x.shape == (7, 2) and x[3].tolist() == [0.0, 1.0]
+    assert resolved_batch(TrialParams(model="digits-mlp")) == 64
+
+
+def test_row_is_flat_json_and_scored_by_its_objective():
+    metrics = dict.fromkeys(METRIC_FIELDS, 1.0) | {"latency_ms": 4.0, "dense_latency_ms": 10.0, "accuracy": 0.9,
+                                                   "effective_flops": 7.0, "dense_flops": 10.0}
+    result = TrialResult(TrialParams(model="digits-mlp", objective="flops", target=0.5), **metrics)
+    row = json.loads(json.dumps(result.as_row()))
+    assert list(row) == list(ROW_COLUMNS)
+    assert row["speedup"] == pytest.approx(2.5) and row["flops_ratio"] == pytest.approx(0.7)
+    assert row["score"] == pytest.approx(score(row, "flops", 0.5)) == pytest.approx(0.9 - 0.4)
+    assert TrialParams.from_dict(json.loads(row["params_json"])) == result.params
+
+
+def test_bad_names_fail_before_any_work(cache_dir):
+    with pytest.raises(ConfigError, match="unknown quantizer 'fp8'"):
+        run_trial({"model": "digits-mlp", "bits": 8, "quantizer": "fp8"}, cache_dir=cache_dir)
+    with pytest.raises(ConfigError, match="unknown pruner 'magic'"):
+        run_trial({"model": "digits-mlp", "pruner": "magic"}, cache_dir=cache_dir)
+
+
+def _trial(params, cache_dir, digits, device, **kw):
+    lines = []
+    result = run_trial({"model": "digits-mlp", "batch": 64, **params}, cache_dir=cache_dir, data=digits, runs=3,
+                       warmup=1, compile_kwargs={"device": device, "tune": False}, echo=lines.append, **kw)
+    return result, result.as_row(), lines
+
+
+def test_fp32_trial_is_compiled_verified_and_measured(cache_dir, digits, device):
+    result, row, lines = _trial({"block": "1x32", "sparsity": 0.75}, cache_dir, digits, device)
+    assert list(row) == list(ROW_COLUMNS) and json.dumps(row)
+    assert (row["model"], row["block"], row["bits"], row["batch"]) == ("digits-mlp", "1x32", 32, 64)
+    # the classifier head stays dense, so a bit under 75% of all weights
+    assert 0.70 < row["sparsity_pruned"] <= row["sparsity_propagated"] < 0.76
+    assert result.table["layers.0.weight"].block_density((1, 32)) == pytest.approx(0.25)
+    assert result.table["head.weight"].sparsity == 0.0
+    assert row["flops_ratio"] == pytest.approx(1 - row["sparsity_propagated"], abs=0.02)
+    assert row["mean_bits"] == 32.0 and row["compressed_weight_bytes"] < 0.3 * row["dense_weight_bytes"]
+    assert 0 < row["latency_p10_ms"] <= row["latency_ms"] <= row["latency_p90_ms"] and row["dense_latency_ms"] > 0
+    assert row["max_error"] <= 1e-3
+    # fp32 kernels compute the masked model: the same predictions, to a digit or two
+    assert abs(row["accuracy"] - row["finetuned_accuracy"]) <= 2 / len(digits.test_y)
+    assert row["accuracy"] > 0.85 and row["dense_accuracy"] > 0.95
+    assert set(result.compile_report["op"]) <= {"layers_0", "layers_1", "head"}
+    assert "layers_1:" in row["kernel_choices"] and row["runs"] == 3
+    assert row["score"] == pytest.approx(score(row, "latency", 0.5))
+    assert [line.split()[0] for line in lines] == ["block", "fine-tuned", "compiled", "measured"]
+    assert "after propagation" in lines[0]
+
+
+def test_int8_trial_quantizes_the_body_not_the_head(cache_dir, digits, device):
+    result, row, _ = _trial({"block": "32x32", "sparsity": 0.5, "bits": 8}, cache_dir, digits, device)
+    assert result.table["layers.1.weight"].kept_bits() == [8] and result.table["head.weight"].kept_bits() == [32]
+    assert 8 < row["mean_bits"] < 12
+    assert row["accuracy"] >= row["finetuned_accuracy"] - 0.05
+    assert not math.isnan(row["max_error"]) and row["max_error"] <= 2e-2
+
+
+def test_calibrated_trial_lowers_bits_within_the_threshold(cache_dir, digits, device):
+    result, row, lines = _trial({"block": "32x32", "sparsity": 0.5, "bits": 8, "calibrate": True,
+                                 "calibrate_threshold": 0.02}, cache_dir, digits, device)
+    # uncalibrated, the body is int8 and the head fp32: 9.19 mean bits over the kept weights
+    assert row["calibrate"] and row["mean_bits"] < 9.0
+    assert all(b <= 8 for name, t in result.table.items() if name.endswith("weight") for b in t.kept_bits())
+    assert row["accuracy"] >= row["finetuned_accuracy"] - 0.05
+    assert any(line.startswith("calibrated bits") for line in lines)
