@@ -1,0 +1,193 @@
+"""The NNI search space of the embedded default, built from the model's prunable layers.
+
+Every key is a `TrialParams` field, so `nni_trial` feeds NNI's parameters to `run_trial`
+unchanged, and every value is one TrialParams accepts, so TPE, Evolution, Random and
+`ParetoTuner` all search the same space:
+
+* ``sparsity``: the share of blocks the block pruner removes;
+* ``block``: the pruning block ("RxC"); only shapes that tile every prunable layer's GEMM
+  view (out x in*kernel) exactly are offered, so no layer gets ragged edge blocks;
+* ``bits``: 32 (fp32 kernels) or an integer width the int8 kernels run;
+* ``scope`` (only if `SpaceConfig.scopes` offers both): "layer" prunes `sparsity` of each
+  layer; "global" ranks the blocks of all layers together, so each layer's own sparsity is
+  chosen by weight magnitude.
+
+The classifier head is not a prunable layer (trials leave it dense: pruning its rows
+deletes classes). `experiments/search_space.json` is this module's output for the
+default config; a test checks the file has not drifted from it.
+
+Regenerate it with ``python -m sparta_explore.explore.search_space --out experiments/search_space.json``.
+
+Example:
+    >>> space = build_search_space(SpaceConfig(model="digits-mlp", blocks=("1x32", "32x32", "96x32")))
+    >>> space["block"]["_value"]
+    ['1x32', '32x32']
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from sparta_explore.cache import atomic_write
+from sparta_explore.errors import ConfigError
+from sparta_explore.explore.params import TrialParams, format_block, parse_block
+
+SEARCH_SPACE_FILE = Path("experiments") / "search_space.json"
+
+
+@dataclass(frozen=True)
+class SpaceConfig:
+    """The candidate values of each key; `build_search_space` keeps those the model allows.
+
+    Example:
+        >>> SpaceConfig(bits=(32, 16))
+        Traceback (most recent call last):
+        ...
+        sparta_explore.errors.ConfigError: bits must be 32 (float) or 2..8 (integer kernels), got 16
+    """
+
+    model: str = "digits-ffn"
+    sparsities: tuple[float, ...] = (0.5, 0.6, 0.7, 0.8, 0.9)
+    blocks: tuple[str, ...] = ("1x32", "32x32", "64x64")
+    # 4 bits runs at int8 speed (the int8 kernels run 2..8-bit grids) and only loses accuracy
+    bits: tuple[int, ...] = (32, 8)
+    # global block ranking empties whole layers of digits-ffn at sparsity >= 0.8 (chance accuracy),
+    # which wastes a small budget; pass scopes=("layer", "global") to search it anyway
+    scopes: tuple[str, ...] = ("layer",)
+
+    def __post_init__(self) -> None:
+        for name in ("sparsities", "blocks", "bits", "scopes"):
+            values = getattr(self, name)
+            if not values:
+                raise ConfigError(f"{name} needs at least one value")
+            if len(set(values)) != len(values):
+                raise ConfigError(f"{name} repeats a value: {list(values)}")
+        # every candidate must be a value TrialParams accepts: a bad one fails here, not in trial 17
+        base = TrialParams(model=self.model)
+        for s in self.sparsities:
+            base.replace(sparsity=s)
+        for b in self.blocks:
+            base.replace(block=format_block(parse_block(b)))
+        for bits in self.bits:
+            base.replace(bits=bits)
+        for scope in self.scopes:
+            base.replace(scope=scope)
+
+
+@dataclass(frozen=True)
+class PrunableLayer:
+    """A weight the trial's pruner targets, by module name, with its GEMM view (rows, cols).
+
+    Example:
+        >>> PrunableLayer("fc", 64, 128).fits((32, 64)), PrunableLayer("fc", 64, 128).fits((1, 48))
+        (True, False)
+    """
+
+    name: str
+    rows: int
+    cols: int
+
+    def fits(self, block: tuple[int, int]) -> bool:
+        """Whether `block` tiles this weight exactly."""
+        return self.rows % block[0] == 0 and self.cols % block[1] == 0
+
+
+def prunable_layers(model: nn.Module) -> list[PrunableLayer]:
+    """The Linear and Conv2d weights a trial prunes: every one but the classifier head.
+
+    Example:
+        >>> prunable_layers(nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Linear(96, 10)))
+        [PrunableLayer(name='0', rows=96, cols=64)]
+    """
+    from sparta_explore.explore.trial import classifier_head
+
+    head = classifier_head(model)
+    out = []
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Linear, nn.Conv2d)) and name != head:
+            w = module.weight
+            out.append(PrunableLayer(name, int(w.shape[0]), int(w[0].numel())))
+    return out
+
+
+def build_search_space(config: SpaceConfig | None = None) -> dict[str, Any]:
+    """The NNI search space (choices only) for `config.model`; keys with one value are left out.
+
+    A left-out key takes the trial's default (or the value on the trial command line).
+
+    Example:
+        >>> sorted(build_search_space(SpaceConfig(model="digits-mlp", scopes=("layer",))))
+        ['bits', 'block', 'sparsity']
+    """
+    from sparta_explore.zoo.registry import build_model
+
+    cfg = config or SpaceConfig()
+    layers = prunable_layers(build_model(cfg.model))
+    if not layers:
+        raise ConfigError(f"model {cfg.model!r} has no prunable layer besides its classifier head")
+    blocks = [format_block(parse_block(b)) for b in cfg.blocks]
+    fitting = [b for b in blocks if all(layer.fits(parse_block(b)) for layer in layers)]
+    if not fitting:
+        shapes = ", ".join(f"{la.name} {la.rows}x{la.cols}" for la in layers)
+        raise ConfigError(f"none of the blocks {blocks} tiles every prunable layer of {cfg.model!r} ({shapes})")
+    axes: dict[str, list[Any]] = {"sparsity": [float(s) for s in cfg.sparsities], "block": fitting,
+                                  "bits": [int(b) for b in cfg.bits], "scope": list(cfg.scopes)}
+    return {key: {"_type": "choice", "_value": values} for key, values in axes.items() if len(values) > 1}
+
+
+def format_search_space(space: dict[str, Any]) -> str:
+    """The space as JSON text, one key per line (what experiments/search_space.json holds).
+
+    Example:
+        >>> print(format_search_space({"bits": {"_type": "choice", "_value": [32, 8]}}))
+        {
+          "bits": {"_type": "choice", "_value": [32, 8]}
+        }
+    """
+    lines = [f"  {json.dumps(key)}: {json.dumps(entry)}" for key, entry in space.items()]
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def write_search_space(path: str | os.PathLike, config: SpaceConfig | None = None) -> Path:
+    """Write the search space of `config` (default: the embedded default) to `path`, atomically.
+
+    Example:
+        >>> write_search_space("/tmp/space-doc/space.json", SpaceConfig(model="digits-mlp")).exists()
+        True
+    """
+    text = format_search_space(build_search_space(config)).encode()
+    return atomic_write(Path(path), lambda f: f.write(text))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the default search space, or write it with ``--out``.
+
+    Example:
+        >>> main(["--model", "digits-mlp", "--out", "/tmp/space-doc/mlp.json"])
+        wrote /tmp/space-doc/mlp.json
+        0
+    """
+    parser = argparse.ArgumentParser(prog="python -m sparta_explore.explore.search_space",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=SpaceConfig.model, help="embedded digits model")
+    parser.add_argument("--out", type=Path, default=None, help=f"write here (e.g. {SEARCH_SPACE_FILE})")
+    args = parser.parse_args(argv)
+    cfg = SpaceConfig(model=args.model)
+    if args.out is None:
+        sys.stdout.write(format_search_space(build_search_space(cfg)))
+    else:
+        print(f"wrote {write_search_space(args.out, cfg)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
