@@ -1,6 +1,7 @@
 """End-to-end latency: SparTA-style ablation (dense -> +propagation -> +transformation -> +specialization).
 
-Every number is a median of whole-model forward calls measured in this run, on this machine.
+Every number is a median of whole-model forward calls measured in this run, on this machine;
+each stage's x_dense comes from timing it alternately with the dense model (call by call).
 Stages, each compiled from the same TeSAs:
   dense            the original fp32 model, PyTorch eager (MKL)
   pruned only      compile() on the pruner's TeSAs alone (no propagation), all kernel families
@@ -25,7 +26,8 @@ from torch import nn
 import sparta_explore as se
 from sparta_explore.compile import compile
 from sparta_explore.device import DeviceProfile
-from sparta_explore.measure import measure
+from sparta_explore.explore.timing import interleaved_measure
+from sparta_explore.measure import count_flops, measure
 from sparta_explore.pruners import prune, prune_dependent_norms
 from sparta_explore.pruners.block import BlockPruneConfig
 from sparta_explore.pruners.nni_pruners import NNIPruneConfig
@@ -80,10 +82,11 @@ def run_case(name: str, model: nn.Module, x: tuple, how: str, sparsity: float, b
             cm = compile(model, table, x, device=device, choose=opts["choose"], tune=opts["tune"],
                          kernels=opts["kernels"])
         seconds = time.perf_counter() - t0
-        m = measure(cm, x, runs=runs)
+        # the ratio comes from dense and compiled timed call by call, alternately, so load bursts hit both
+        base, m = interleaved_measure([model, cm], x, runs=runs)
         choices = cm.report.choice.value_counts().to_dict()
         rows.append({"case": name, "stage": stage, "ms": m.median_ms, "p10": m.p10_ms, "p90": m.p90_ms,
-                     "x_dense": dense.median_ms / m.median_ms, "eff_gflop": m.effective_flops / 1e9,
+                     "x_dense": base.median_ms / m.median_ms, "eff_gflop": count_flops(cm, x)[1] / 1e9,
                      "compile_s": seconds, "choices": " ".join(f"{k}:{v}" for k, v in sorted(choices.items()))})
         if stage == "+specialization":
             print(cm.report[["op", "shape", "m", "density", "choice", "parts", "pred_ms", "meas_ms",

@@ -39,6 +39,15 @@ for df in runs.values():
 
 # %%
 ref_ms = reference_point(pd.concat(runs.values(), ignore_index=True))
+
+
+def label(row: pd.Series) -> str:
+    """One trial's setting: per-layer sparsities when it had them, else the one sparsity."""
+    layers = row.get("layer_sparsity")
+    sparsity = layers if isinstance(layers, str) and layers else f"{row['sparsity']:g}"
+    return f"{sparsity} {row['block']} {int(row['bits'])}b {row['scope']}"
+
+
 rows = []
 for name, df in runs.items():
     guide = "latency" if name.startswith("latency") else "flops"
@@ -49,11 +58,10 @@ for name, df in runs.items():
         "search": name, "trials": len(df),
         "hv_ratio": hypervolume(df["latency_ratio"], df["accuracy"], ref=(1.0, 0.0)),
         "hv_kept_front_ms": front_hypervolume(df, guide, ref_ms),
-        "best_under_target": "none" if best is None else
-        f"{best['sparsity']:g} {best['block']} {int(best['bits'])}b {best['scope']}",
+        "best_under_target": "none" if best is None else label(best),
         "best_acc": None if best is None else best["accuracy"],
         "best_ratio": None if best is None else best["latency_ratio"],
-        "pick": f"{pick['sparsity']:g} {pick['block']} {int(pick['bits'])}b {pick['scope']}",
+        "pick": label(pick),
         "pick_acc": pick["accuracy"], "pick_ratio": pick["latency_ratio"],
         "pick_meets_target": bool(pick["latency_ratio"] <= args.target),
     })
@@ -64,8 +72,8 @@ print(text)
 
 # %%
 for name, df in runs.items():
-    cols = ["nni_trial", "sparsity", "block", "bits", "scope", "accuracy", "latency_ms", "dense_latency_ms",
-            "latency_ratio", "flops_ratio", "score", "nni_params_matched"]
+    cols = ["nni_trial", "sparsity", "layer_sparsity", "block", "bits", "scope", "accuracy", "latency_ms",
+            "dense_latency_ms", "latency_ratio", "flops_ratio", "score", "nni_params_matched"]
     text += f"\n### {name}\n\n" + markdown_table(df.sort_values("latency_ratio"), [c for c in cols if c in df]) + "\n"
 if args.out is not None:
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -178,8 +178,8 @@ def _nni(args: argparse.Namespace) -> int:
         run = ExperimentRun(args.config, max_trials=args.max_trials, concurrency=args.concurrency, port=args.port,
                             timeout_s=None if args.timeout_min is None else 60.0 * args.timeout_min)
         df = run_experiment(run, out=args.out).trials
-    cols = ["nni_trial", "sparsity", "block", "bits", "scope", "accuracy", "latency_ms", "dense_latency_ms",
-            "flops_ratio", "score", "nni_params_matched"]
+    cols = ["nni_trial", "sparsity", "layer_sparsity", "block", "bits", "scope", "accuracy", "latency_ms",
+            "dense_latency_ms", "flops_ratio", "score", "nni_params_matched"]
     print(df[[c for c in cols if c in df.columns]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     return 0
 

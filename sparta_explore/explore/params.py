@@ -9,6 +9,9 @@ Fields (defaults in brackets):
 * ``model`` [digits-ffn]: an embedded digits model (`sparta-explore models`).
 * ``pruner`` [block]: any registered pruner (block, nm, level, l1norm, l2norm, fpgm,
   taylor, slim, movement, agp, linear); ``sparsity`` [0.5] in [0, 1).
+* ``layer_sparsity`` [{}]: per-layer overrides {module name: sparsity}; layers not named
+  take ``sparsity``. Flat keys ``"sparsity@<module>"`` (what an NNI search space can hold)
+  are accepted by `from_dict` and folded in here.
 * ``scope`` [layer]: "layer" prunes `sparsity` of every layer; "global" ranks all layers
   together (block pruner: global block ranking; NNI pruners: one `global_group_id`).
 * ``block`` [(32, 32)]: the pruning granularity (rows, cols). Block pruner: the block;
@@ -49,6 +52,21 @@ from sparta_explore.explore.objectives import check_target, get_objective
 FLOAT_BITS = 32
 INT_BITS = range(2, 9)  # what the int8 kernels run (fake_quant.INT_BITS)
 SCOPES = ("layer", "global")
+LAYER_KEY = "sparsity@"  # flat per-layer key prefix: "sparsity@layers.0"
+
+
+def _layer_sparsity(value: Any) -> tuple[tuple[str, float], ...]:
+    items = value.items() if isinstance(value, Mapping) else value
+    try:
+        out = tuple(sorted((str(k), _as_float(f"{LAYER_KEY}{k}", v)) for k, v in items))
+    except (TypeError, ValueError):
+        raise ConfigError(f"layer_sparsity must map module names to sparsities, got {value!r}") from None
+    for name, s in out:
+        if not name:
+            raise ConfigError("layer_sparsity has an empty module name")
+        if not 0.0 <= s < 1.0:
+            raise ConfigError(f"{LAYER_KEY}{name} must be in [0, 1), got {s}")
+    return out
 
 
 def parse_block(value: Any) -> tuple[int, int] | None:
@@ -128,6 +146,7 @@ class TrialParams:
     model: str = "digits-ffn"
     pruner: str = "block"
     sparsity: float = 0.5
+    layer_sparsity: tuple[tuple[str, float], ...] = ()
     scope: str = "layer"
     block: tuple[int, int] | None = (32, 32)
     bits: int = FLOAT_BITS
@@ -147,6 +166,7 @@ class TrialParams:
         for key in ("bits", "finetune_epochs", "seed"):
             put(self, key, _as_int(key, getattr(self, key)))
         put(self, "sparsity", _as_float("sparsity", self.sparsity))
+        put(self, "layer_sparsity", _layer_sparsity(self.layer_sparsity))
         put(self, "calibrate_threshold", _as_float("calibrate_threshold", self.calibrate_threshold))
         put(self, "target", check_target(_as_float("target", self.target)))
         put(self, "calibrate", _as_bool("calibrate", self.calibrate))
@@ -190,12 +210,18 @@ class TrialParams:
             return values
         if not isinstance(values, Mapping):
             raise ConfigError(f"trial parameters must be a dict, got {type(values).__name__}")
+        values = dict(values)
+        layers = dict(_layer_sparsity(values.pop("layer_sparsity", ())))
+        layers.update({k[len(LAYER_KEY):]: v for k, v in values.items() if k.startswith(LAYER_KEY)})
+        values = {k: v for k, v in values.items() if not k.startswith(LAYER_KEY)}
+        if layers:
+            values["layer_sparsity"] = layers
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"unknown trial parameter{'s' if len(unknown) > 1 else ''} "
                               f"{', '.join(repr(k) for k in unknown)}; known: {', '.join(sorted(known))}")
-        return cls(**dict(values))
+        return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able values (block as [rows, cols] or None).
@@ -206,7 +232,17 @@ class TrialParams:
         """
         out = dataclasses.asdict(self)
         out["block"] = None if self.block is None else list(self.block)
+        out["layer_sparsity"] = dict(self.layer_sparsity)
         return out
+
+    def sparsity_of(self, layer: str) -> float:
+        """The sparsity this trial prunes `layer` to (its override, else `sparsity`).
+
+        Example:
+            >>> TrialParams.from_dict({"sparsity": 0.5, "sparsity@fc1": 0.9}).sparsity_of("fc1")
+            0.9
+        """
+        return dict(self.layer_sparsity).get(layer, self.sparsity)
 
     def canonical_json(self) -> str:
         """One JSON text per distinct point (sorted keys, no spaces): what a sweep keys rows by.

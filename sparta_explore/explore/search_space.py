@@ -4,7 +4,8 @@ Every key is a `TrialParams` field, so `nni_trial` feeds NNI's parameters to `ru
 unchanged, and every value is one TrialParams accepts, so TPE, Evolution, Random and
 `ParetoTuner` all search the same space:
 
-* ``sparsity``: the share of blocks the block pruner removes;
+* ``sparsity@<layer>`` (one per prunable layer, `SpaceConfig.per_layer`, the default) or
+  one ``sparsity`` for all: the share of blocks the block pruner removes;
 * ``block``: the pruning block ("RxC"); only shapes that tile every prunable layer's GEMM
   view (out x in*kernel) exactly are offered, so no layer gets ragged edge blocks;
 * ``bits``: 32 (fp32 kernels) or an integer width the int8 kernels run;
@@ -39,7 +40,7 @@ from torch import nn
 
 from sparta_explore.cache import atomic_write
 from sparta_explore.errors import ConfigError
-from sparta_explore.explore.params import TrialParams, format_block, parse_block
+from sparta_explore.explore.params import LAYER_KEY, TrialParams, format_block, parse_block
 
 SEARCH_SPACE_FILE = Path("experiments") / "search_space.json"
 
@@ -63,6 +64,8 @@ class SpaceConfig:
     # global block ranking empties whole layers of digits-ffn at sparsity >= 0.8 (chance accuracy),
     # which wastes a small budget; pass scopes=("layer", "global") to search it anyway
     scopes: tuple[str, ...] = ("layer",)
+    # one sparsity choice per prunable layer ("sparsity@<layer>"), or one for all of them
+    per_layer: bool = True
 
     def __post_init__(self) -> None:
         for name in ("sparsities", "blocks", "bits", "scopes"):
@@ -81,6 +84,8 @@ class SpaceConfig:
             base.replace(bits=bits)
         for scope in self.scopes:
             base.replace(scope=scope)
+        if self.per_layer and "global" in self.scopes:
+            raise ConfigError("per_layer sparsities and the 'global' scope conflict: pick one")
 
 
 @dataclass(frozen=True)
@@ -125,8 +130,10 @@ def build_search_space(config: SpaceConfig | None = None) -> dict[str, Any]:
     A left-out key takes the trial's default (or the value on the trial command line).
 
     Example:
-        >>> sorted(build_search_space(SpaceConfig(model="digits-mlp", scopes=("layer",))))
+        >>> sorted(build_search_space(SpaceConfig(model="digits-mlp", per_layer=False)))
         ['bits', 'block', 'sparsity']
+        >>> sorted(build_search_space(SpaceConfig(model="digits-mlp")))[2:]
+        ['sparsity@layers.0', 'sparsity@layers.1']
     """
     from sparta_explore.zoo.registry import build_model
 
@@ -139,8 +146,10 @@ def build_search_space(config: SpaceConfig | None = None) -> dict[str, Any]:
     if not fitting:
         shapes = ", ".join(f"{la.name} {la.rows}x{la.cols}" for la in layers)
         raise ConfigError(f"none of the blocks {blocks} tiles every prunable layer of {cfg.model!r} ({shapes})")
-    axes: dict[str, list[Any]] = {"sparsity": [float(s) for s in cfg.sparsities], "block": fitting,
-                                  "bits": [int(b) for b in cfg.bits], "scope": list(cfg.scopes)}
+    sparsities = [float(s) for s in cfg.sparsities]
+    per_layer = {f"{LAYER_KEY}{layer.name}": sparsities for layer in layers} if cfg.per_layer else {}
+    axes: dict[str, list[Any]] = {**per_layer, **({} if cfg.per_layer else {"sparsity": sparsities}),
+                                  "block": fitting, "bits": [int(b) for b in cfg.bits], "scope": list(cfg.scopes)}
     return {key: {"_type": "choice", "_value": values} for key, values in axes.items() if len(values) > 1}
 
 

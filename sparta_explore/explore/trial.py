@@ -9,8 +9,9 @@ compiled model's accuracy on the held-out digits.
 
 * key, params_json: the sweep key (hash) and canonical JSON of the params as given;
 * the params as run (NNI issue 5726: the echo is what ran): model, pruner, sparsity,
-  scope, block ("32x32" or ""), bits, quantizer, calibrate, calibrate_threshold,
-  finetune_epochs, batch (resolved), seed, objective, target;
+  layer_sparsity ("layers.0:0.9;layers.1:0.5", empty without overrides), scope, block
+  ("32x32" or ""), bits, quantizer, calibrate, calibrate_threshold, finetune_epochs,
+  batch (resolved), seed, objective, target;
 * accuracy (the compiled model), finetuned_accuracy (masked fp32 model after fine-tuning),
   masked_accuracy (after propagation, before fine-tuning), dense_accuracy;
 * latency_ms, latency_p10_ms, latency_p90_ms (compiled), dense_latency_ms (PyTorch dense,
@@ -33,6 +34,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 import time
@@ -51,8 +53,8 @@ from sparta_explore.tesa_table import TeSATable
 
 CALIBRATION_BITS = (16, 8, 4)  # the rungs distillation calibration steps down through
 ROW_COLUMNS = (
-    "key", "params_json", "model", "pruner", "sparsity", "scope", "block", "bits", "quantizer", "calibrate",
-    "calibrate_threshold",
+    "key", "params_json", "model", "pruner", "sparsity", "layer_sparsity", "scope", "block", "bits", "quantizer",
+    "calibrate", "calibrate_threshold",
     "finetune_epochs", "batch", "seed", "objective", "target",
     "accuracy", "finetuned_accuracy", "masked_accuracy", "dense_accuracy",
     "latency_ms", "latency_p10_ms", "latency_p90_ms", "dense_latency_ms", "speedup", "latency_ratio",
@@ -130,6 +132,7 @@ class TrialResult:
         echo = p.to_dict()
         echo["block"] = format_block(p.block)
         echo["batch"] = resolved_batch(p)
+        echo["layer_sparsity"] = ";".join(f"{name}:{s:g}" for name, s in p.layer_sparsity)  # flat for CSV
         m = self._metrics()
         m["speedup"] = _ratio(m["dense_latency_ms"], m["latency_ms"])
         m["latency_ratio"] = _ratio(m["latency_ms"], m["dense_latency_ms"])
@@ -204,6 +207,46 @@ def prune_config(params: TrialParams, model: nn.Module) -> tuple[Any, tuple[str,
         # NNI ranks every target of one global group together: one sparsity over all layers
         return [{**entry, "global_group_id": 0} for entry in cfg.to_config_list()], exclude
     return cfg, exclude
+
+
+def prune_configs(params: TrialParams, model: nn.Module) -> tuple[list[Any], tuple[str, ...]]:
+    """Like `prune_config`, with `params.layer_sparsity` overrides: the configs to prune with, in turn.
+
+    Block pruner: one config for the layers at `sparsity` plus one per overridden layer
+    (their tables merge). NNI pruners: one config list holding an entry per overridden
+    layer, so training-aware pruners still prune everything in one pass.
+
+    Example:
+        >>> m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 2))
+        >>> cfgs, _ = prune_configs(TrialParams.from_dict({"block": "1x4", "sparsity@1": 0.75}), m)
+        >>> [(c.sparsity, c.op_names, c.exclude_op_names) for c in cfgs]
+        [(0.5, None, ('2', '1')), (0.75, ('1',), ())]
+    """
+    base, exclude = prune_config(params, model)
+    if not params.layer_sparsity:
+        return [base], exclude
+    from sparta_explore.pruners import NNIPruneConfig, get_pruner
+
+    layers = dict(params.layer_sparsity)
+    known = {name for name, mod in model.named_modules() if isinstance(mod, (nn.Linear, nn.Conv2d))}
+    bad = sorted(set(layers) - known)
+    if bad:
+        raise ConfigError(f"layer_sparsity names {bad}, not Linear/Conv2d modules of {params.model!r}; "
+                          f"choose from {sorted(known)}")
+    if params.scope == "global":
+        raise ConfigError("layer_sparsity and scope='global' conflict: global ranking picks each layer's sparsity")
+    rest = (*exclude, *layers)
+    name = get_pruner(params.pruner).name
+    if name == "block":
+        return [dataclasses.replace(base, exclude_op_names=rest),
+                *(dataclasses.replace(base, sparsity=s, op_names=(layer,), exclude_op_names=()) for layer, s
+                  in layers.items())], exclude
+    if not isinstance(base, NNIPruneConfig):
+        raise ConfigError(f"pruner {params.pruner!r} does not take per-layer sparsity")
+    entries = dataclasses.replace(base, exclude_op_names=rest).to_config_list()
+    for layer, s in layers.items():
+        entries += dataclasses.replace(base, sparsity=s, op_names=(layer,), exclude_op_names=()).to_config_list()
+    return [entries], exclude
 
 
 def quant_config(params: TrialParams, exclude: tuple[str, ...]) -> Any:
@@ -284,9 +327,11 @@ def run_trial(params: TrialParams | Mapping[str, Any], *, cache_dir: str | os.Pa
 
     dense, dense_acc = pretrained(params.model, cache_dir=cache_dir, data=data)
     graph = capture(dense, (data.test_x[:1],))
-    prune_cfg, exclude = prune_config(params, dense)
+    prune_cfgs, exclude = prune_configs(params, dense)
     model = copy.deepcopy(dense)  # pruners that train (Taylor, Movement...) must not touch `dense`
-    table = prune(model, prune_cfg, pruner=params.pruner, evaluator=data, graph=graph)
+    table = prune(model, prune_cfgs[0], pruner=params.pruner, evaluator=data, graph=graph)
+    for cfg in prune_cfgs[1:]:
+        table = table.merge(prune(model, cfg, pruner=params.pruner, evaluator=data, graph=graph))
     if params.bits != FLOAT_BITS:
         qcfg = quant_config(params, exclude)
         table = table.merge(quantize(model, qcfg, quantizer=params.quantizer, evaluator=data, graph=graph))

@@ -104,7 +104,7 @@ def test_default_space_has_only_blocks_that_tile_every_layer():
 
 
 def test_every_point_of_the_default_space_is_a_valid_trial():
-    space = build_search_space(SpaceConfig(bits=(32, 8, 4), scopes=("layer", "global")))
+    space = build_search_space(SpaceConfig(bits=(32, 8, 4), scopes=("layer", "global"), per_layer=False))
     assert set(space) == {"sparsity", "block", "bits", "scope"}
     keys = list(space)
     for combo in itertools.product(*(space[k]["_value"] for k in keys)):
@@ -112,7 +112,7 @@ def test_every_point_of_the_default_space_is_a_valid_trial():
 
 
 def test_single_valued_keys_are_left_to_the_trial_and_bad_candidates_fail_early():
-    space = build_search_space(SpaceConfig(model="digits-mlp", bits=(32,), scopes=("layer",)))
+    space = build_search_space(SpaceConfig(model="digits-mlp", bits=(32,), scopes=("layer",), per_layer=False))
     assert set(space) == {"sparsity", "block"}
     with pytest.raises(ConfigError, match="sparsity"):
         SpaceConfig(sparsities=(0.5, 1.0))
@@ -124,3 +124,14 @@ def test_the_experiments_search_space_file_is_the_generated_one():
     # regenerate with: python -m sparta_explore.explore.search_space --out experiments/search_space.json
     path = ROOT / SEARCH_SPACE_FILE
     assert path.read_text() == format_search_space(build_search_space())
+
+
+def test_per_layer_space_has_one_sparsity_per_prunable_layer_and_every_point_runs():
+    space = build_search_space(SpaceConfig())
+    assert set(space) == {"sparsity@layers.0", "sparsity@layers.1", "sparsity@layers.2", "block", "bits"}
+    keys = list(space)
+    for combo in itertools.product(*(space[k]["_value"] for k in keys)):
+        p = TrialParams.from_dict(dict(zip(keys, combo)))
+        assert [name for name, _ in p.layer_sparsity] == ["layers.0", "layers.1", "layers.2"]
+    with pytest.raises(ConfigError, match="conflict"):
+        SpaceConfig(scopes=("layer", "global"))

@@ -93,3 +93,13 @@ def test_explore_import_is_lean():
     loaded = set(out.split())
     assert not {m for m in loaded if m.split(".")[0] in ("nni", "matplotlib", "sklearn")}
     assert not {"sparta_explore.pruners", "sparta_explore.kernels", "sparta_explore.compile"} & loaded
+
+
+def test_per_layer_sparsities_fold_flat_keys_and_round_trip():
+    p = TrialParams.from_dict({"sparsity": 0.5, "sparsity@layers.1": 0.9, "sparsity@layers.0": 0.6})
+    assert p.layer_sparsity == (("layers.0", 0.6), ("layers.1", 0.9))
+    assert p.sparsity_of("layers.1") == 0.9 and p.sparsity_of("layers.2") == 0.5
+    assert TrialParams.from_dict(p.to_dict()) == p and TrialParams.from_dict(json.loads(p.canonical_json())) == p
+    assert p.key != TrialParams(sparsity=0.5).key
+    with pytest.raises(ConfigError, match="sparsity@layers.0"):
+        TrialParams.from_dict({"sparsity@layers.0": 1.2})

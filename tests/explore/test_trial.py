@@ -17,6 +17,7 @@ from sparta_explore.explore.trial import (
     calibration_ladder,
     latency_inputs,
     prune_config,
+    prune_configs,
     quant_config,
     resolved_batch,
     run_trial,
@@ -117,3 +118,15 @@ def test_calibrated_trial_lowers_bits_within_the_threshold(cache_dir, digits, de
     assert all(b <= 8 for name, t in result.table.items() if name.endswith("weight") for b in t.kept_bits())
     assert row["accuracy"] >= row["finetuned_accuracy"] - 0.05
     assert any(line.startswith("calibrated bits") for line in lines)
+
+
+def test_per_layer_sparsity_prunes_each_layer_to_its_own_level(cache_dir, digits, device):
+    m = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 10))
+    cfgs, _ = prune_configs(TrialParams.from_dict({"model": "digits-mlp", "block": "1x32", "sparsity@0": 0.25}), m)
+    assert [(c.sparsity, c.op_names) for c in cfgs] == [(0.5, None), (0.25, ("0",))]
+    with pytest.raises(ConfigError, match="not Linear/Conv2d"):
+        prune_configs(TrialParams.from_dict({"model": "digits-mlp", "sparsity@nope": 0.5}), m)
+    result, row, _ = _trial({"block": "1x32", "sparsity": 0.5, "sparsity@layers.0": 0.875}, cache_dir, digits, device)
+    assert result.table["layers.0.weight"].block_density((1, 32)) == pytest.approx(0.125)
+    assert result.table["layers.1.weight"].block_density((1, 32)) == pytest.approx(0.5)
+    assert row["layer_sparsity"] == "layers.0:0.875" and row["sparsity"] == 0.5
