@@ -236,14 +236,15 @@ def prune_configs(params: TrialParams, model: nn.Module) -> tuple[list[Any], tup
     if params.scope == "global":
         raise ConfigError("layer_sparsity and scope='global' conflict: global ranking picks each layer's sparsity")
     rest = (*exclude, *layers)
+    base_left = bool(known - set(rest))  # some layer still takes `sparsity` (every one may be overridden)
     name = get_pruner(params.pruner).name
     if name == "block":
-        return [dataclasses.replace(base, exclude_op_names=rest),
+        return [*([dataclasses.replace(base, exclude_op_names=rest)] if base_left else []),
                 *(dataclasses.replace(base, sparsity=s, op_names=(layer,), exclude_op_names=()) for layer, s
                   in layers.items())], exclude
     if not isinstance(base, NNIPruneConfig):
         raise ConfigError(f"pruner {params.pruner!r} does not take per-layer sparsity")
-    entries = dataclasses.replace(base, exclude_op_names=rest).to_config_list()
+    entries = dataclasses.replace(base, exclude_op_names=rest).to_config_list() if base_left else []
     for layer, s in layers.items():
         entries += dataclasses.replace(base, sparsity=s, op_names=(layer,), exclude_op_names=()).to_config_list()
     return [entries], exclude

@@ -124,9 +124,12 @@ def test_per_layer_sparsity_prunes_each_layer_to_its_own_level(cache_dir, digits
     m = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 10))
     cfgs, _ = prune_configs(TrialParams.from_dict({"model": "digits-mlp", "block": "1x32", "sparsity@0": 0.25}), m)
     assert [(c.sparsity, c.op_names) for c in cfgs] == [(0.5, None), (0.25, ("0",))]
+    every = TrialParams.from_dict({"model": "digits-mlp", "block": "1x32", "sparsity@0": 0.25, "sparsity@1": 0.75})
+    assert [(c.sparsity, c.op_names) for c in prune_configs(every, m)[0]] == [(0.25, ("0",)), (0.75, ("1",))]
     with pytest.raises(ConfigError, match="not Linear/Conv2d"):
         prune_configs(TrialParams.from_dict({"model": "digits-mlp", "sparsity@nope": 0.5}), m)
-    result, row, _ = _trial({"block": "1x32", "sparsity": 0.5, "sparsity@layers.0": 0.875}, cache_dir, digits, device)
+    result, row, _ = _trial({"block": "1x32", "sparsity@layers.0": 0.875, "sparsity@layers.1": 0.25}, cache_dir,
+                            digits, device)  # every prunable layer overridden, as the NNI search space does
     assert result.table["layers.0.weight"].block_density((1, 32)) == pytest.approx(0.125)
-    assert result.table["layers.1.weight"].block_density((1, 32)) == pytest.approx(0.5)
-    assert row["layer_sparsity"] == "layers.0:0.875" and row["sparsity"] == 0.5
+    assert result.table["layers.1.weight"].block_density((1, 32)) == pytest.approx(0.75)
+    assert row["layer_sparsity"] == "layers.0:0.875;layers.1:0.25" and row["sparsity"] == 0.5
