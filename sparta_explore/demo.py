@@ -24,6 +24,7 @@ from sparta_explore.graph import Graph, capture
 from sparta_explore.masking import apply_table, masked_copy
 from sparta_explore.propagation import run_propagation
 from sparta_explore.tesa_table import TeSATable
+from sparta_explore.zoo.registry import classifier_head
 
 
 @dataclass(frozen=True)
@@ -96,17 +97,6 @@ class DemoResult:
     finetuned_accuracy: float | None
     seconds: float
     sweep: pd.DataFrame | None = None
-
-
-def classifier_head(model: nn.Module) -> str:
-    """FQN of the last nn.Linear: pruning its rows would delete classes, so it stays dense.
-
-    Example:
-        >>> classifier_head(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)))
-        '2'
-    """
-    linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
-    return linears[-1] if linears else ""
 
 
 def _prune_config(cfg: DemoConfig, model: nn.Module) -> tuple[object, tuple[str, ...]]:

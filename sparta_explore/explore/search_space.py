@@ -113,7 +113,7 @@ def prunable_layers(model: nn.Module) -> list[PrunableLayer]:
         >>> prunable_layers(nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Linear(96, 10)))
         [PrunableLayer(name='0', rows=96, cols=64)]
     """
-    from sparta_explore.explore.trial import classifier_head
+    from sparta_explore.zoo.registry import classifier_head
 
     head = classifier_head(model)
     out = []

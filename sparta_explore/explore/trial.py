@@ -50,6 +50,7 @@ from sparta_explore.errors import ConfigError
 from sparta_explore.explore.objectives import score as objective_score
 from sparta_explore.explore.params import FLOAT_BITS, TrialParams, format_block
 from sparta_explore.tesa_table import TeSATable
+from sparta_explore.zoo.registry import classifier_head
 
 CALIBRATION_BITS = (16, 8, 4)  # the rungs distillation calibration steps down through
 ROW_COLUMNS = (
@@ -163,17 +164,6 @@ def resolved_batch(params: TrialParams) -> int:
     from sparta_explore.zoo.registry import get_spec
 
     return params.batch if params.batch is not None else get_spec(params.model).default_batch
-
-
-def classifier_head(model: nn.Module) -> str:
-    """FQN of the last nn.Linear: pruning its rows would delete classes, so trials leave it dense.
-
-    Example:
-        >>> classifier_head(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)))
-        '2'
-    """
-    linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
-    return linears[-1] if linears else ""
 
 
 def prune_config(params: TrialParams, model: nn.Module) -> tuple[Any, tuple[str, ...]]:

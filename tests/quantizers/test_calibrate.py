@@ -14,13 +14,7 @@ from sparta_explore.tesa import TeSA
 FAST = {"steps": 3, "progress": False}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # the ops here are tiny: on a shared 2-core machine a second thread only adds contention
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _mlp(seed=0):

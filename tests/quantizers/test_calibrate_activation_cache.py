@@ -13,14 +13,7 @@ from sparta_explore.quantizers.fake_quant_model import fake_quant_model, referen
 from sparta_explore.tesa import TeSA
 from sparta_explore.zoo import DigitsMLP
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # the ops here are tiny: on a shared 2-core machine a second thread only adds contention
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _mlp_graph(depth, x):

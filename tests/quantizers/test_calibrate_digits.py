@@ -7,14 +7,7 @@ from sparta_explore.errors import ConfigError
 from sparta_explore.quantizers import CalibrationConfig, accuracy_on, calibrate, calibrate_on_split, calibration_data
 from sparta_explore.zoo import DataSplit, DigitsMLP, TrainConfig, evaluate, train
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # the ops here are tiny: on a shared 2-core machine a second thread only adds contention
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _check(model, data, config):

@@ -10,14 +10,7 @@ from sparta_explore.quantizers.calibrate_config import CalibrationConfig
 from sparta_explore.quantizers.calibrate_tune import surrogate_weight, tune_op
 from sparta_explore.quantizers.fake_quant_model import FakeQuantOp, op_mse
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # the ops here are tiny: on a shared 2-core machine a second thread only adds contention
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _heavy_tailed_op(bits, act_bits=32, seed=0):
