@@ -20,6 +20,7 @@ from sparta_explore.fake_quant import qmax, quantized_linear
 from sparta_explore.kernels.bsr_codegen import TileConfig, V, generate_source, pack_weights, plan_groups
 from sparta_explore.kernels.build import KernelBuildError, build, cpu_flags, vector_width
 from sparta_explore.kernels.int8_codegen import even_segments, generate_int8_source, pack_pairs, quantize_rows
+from sparta_explore.kernels.segment_codegen import generate_segment_source, pack_segment_weights, plan_segments
 
 _ACT = {"none": lambda y: y, "relu": F.relu, "gelu": F.gelu}
 
@@ -30,6 +31,24 @@ def check_linear_args(weight: torch.Tensor, kept: torch.Tensor, activation: str)
         raise ValueError(f"activation must be one of {sorted(_ACT)}, got {activation!r}")
     if kept.shape != weight.shape:
         raise ValueError(f"kept mask {tuple(kept.shape)} does not match weight {tuple(weight.shape)}")
+
+
+def _rows_layout(weight: np.ndarray, kept: np.ndarray, block_rows: int, cfg: TileConfig, vec: int, act: str,
+                 name: str) -> tuple[str, np.ndarray]:
+    groups = plan_groups(kept, block_rows, cfg.rows)
+    source = generate_source(groups, kept.shape[0], kept.shape[1], vec, act, name, cfg)
+    return source, pack_weights(weight, kept, groups)
+
+
+def _segments_layout(weight: np.ndarray, kept: np.ndarray, block_rows: int, cfg: TileConfig, vec: int, act: str,
+                     name: str) -> tuple[str, np.ndarray]:
+    plan = plan_segments(kept, cfg.rows)
+    source = generate_segment_source(plan, kept.shape[0], kept.shape[1], vec, act, name, cfg)
+    return source, pack_segment_weights(weight, kept, plan)
+
+
+# TileConfig.layout -> (C source, packed weights) of the fp32 kernel
+FP32_LAYOUTS = {"rows": _rows_layout, "segments": _segments_layout}
 
 
 class KernelFallbackWarning(UserWarning):
@@ -136,14 +155,13 @@ class SparseLinear(KernelLinear):
     """
 
     def _build(self, kept: np.ndarray, block_rows: int, cache_dir) -> None:
-        groups = plan_groups(kept, block_rows, self.tile.rows)
         self._vec = vector_width()
         self._tile = self.tile.tile_vectors * self._vec
         name = "sparse_linear"
-        source = generate_source(groups, self.out_features, self.in_features, self._vec, self.activation, name,
-                                 self.tile)
+        source, packed = FP32_LAYOUTS[self.tile.layout](self.weight.numpy(), kept, block_rows, self.tile, self._vec,
+                                                        self.activation, name)
         self.built = build(source, name, cache_dir=cache_dir)
-        self._packed = torch.from_numpy(pack_weights(self.weight.numpy(), kept, groups))
+        self._packed = torch.from_numpy(packed)
         self._bind(self.built.lib)
 
     def _bind(self, lib: ctypes.CDLL) -> None:

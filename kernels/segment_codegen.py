@@ -1,0 +1,243 @@
+"""Segment-major fp32 sparse linear kernels: per K panel, rows with the same kept k's share a tile.
+
+The "rows" layout (bsr_codegen) groups *consecutive* rows that share a pattern, which only
+block rows do. Under 1x32 blocks every row has its own pattern, so each row is a group of
+one and every FMA needs a fresh x vector (load-bound, about half of peak). This layout
+cuts K into panels (32 or 64 k, the pattern's own granularity) and, inside each row chunk
+and panel, buckets the rows by their exact kept k's in that panel: any rows of a bucket
+form a register tile, so a 1x32 pattern runs like 32x32 blocks (x vectors reused by R rows,
+the panel of X in L1). The price: accumulators go through the tile's output buffer once per
+panel entry (2 R V memory operations per 32 R V FMAs), and rows start from their bias.
+
+Exact for every pattern; it pays where rows share panel patterns (`sharing` >= 2), which
+the measured tile search checks before offering it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sparta_explore.kernels.bsr_codegen import (
+    _ACTIVATIONS,
+    _PRELUDE,
+    CHUNKS,
+    PACK_TILE,
+    UNPACK_TILE,
+    TileConfig,
+    _array,
+    _segments,
+    fp32_driver,
+)
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    """Entries (a bucket's rows over one panel) in order panel -> chunk -> bucket."""
+
+    panel: int            # k per panel
+    max_rows: int         # rows per entry at most (register tile height)
+    chunk_n: np.ndarray   # chunk c owns output rows chunk_n[c]:chunk_n[c + 1]
+    e_ptr: np.ndarray     # [p * (chunks + 1) + c]: first entry of panel p in chunk c or later
+    e_rows: np.ndarray    # (entries, max_rows) output rows, padded with the entry's first row
+    e_nrows: np.ndarray   # rows in each entry
+    e_piece: np.ndarray   # entry e's pieces are e_piece[e]:e_piece[e + 1]
+    p_k0: np.ndarray      # first k of each piece
+    p_len: np.ndarray     # k count of each piece
+    e_woff: np.ndarray    # offset of entry e's packed weights
+
+    @property
+    def mean_rows(self) -> float:
+        """Rows per entry: 1 means nothing is shared (the layout then only adds spills)."""
+        return float(self.e_nrows.mean()) if len(self.e_nrows) else 0.0
+
+
+def panel_width(kept: np.ndarray) -> int:
+    """64 when every pattern edge falls on a multiple of 64 (1x64, 32x64, 64x64 blocks), else 32.
+
+    Example:
+        >>> panel_width(np.repeat(np.eye(4, dtype=bool), 64, axis=1))
+        64
+    """
+    edges = np.flatnonzero((kept[:, 1:] != kept[:, :-1]).any(axis=0)) + 1
+    return 64 if not len(edges) or int(np.gcd.reduce(edges)) % 64 == 0 else 32
+
+
+def sharing(kept: np.ndarray, panel: int | None = None) -> float:
+    """Mean number of rows per distinct (panel, kept-k pattern): how many rows a tile can share.
+
+    Example:
+        >>> sharing(np.ones((8, 64), dtype=bool))
+        8.0
+    """
+    panel = panel or panel_width(kept)
+    pairs = distinct = 0
+    for k0 in range(0, kept.shape[1], panel):
+        sub = kept[:, k0:k0 + panel]
+        live = sub[sub.any(axis=1)]
+        if len(live):
+            pairs += len(live)
+            distinct += len(np.unique(np.packbits(live, axis=1), axis=0))
+    return pairs / distinct if distinct else 0.0
+
+
+def row_chunks(kept: np.ndarray, chunks: int = CHUNKS) -> np.ndarray:
+    """`chunks` + 1 row bounds, multiples of 8 (whole 8x8 transposes when unpacking), balanced by kept work."""
+    n = kept.shape[0]
+    work = kept.sum(axis=1).cumsum()
+    total = float(work[-1]) if n else 0.0
+    bounds = [0]
+    for c in range(1, chunks):
+        row = int(np.searchsorted(work, total * c / chunks))
+        bounds.append(min(n, max(bounds[-1], -(-row // 8) * 8)))
+    bounds.append(n)
+    return np.asarray(bounds, dtype=np.int64)
+
+
+def plan_segments(kept: np.ndarray, max_rows: int, panel: int | None = None) -> SegmentPlan:
+    """Bucket every chunk's rows per panel by their kept k's there; cut buckets into entries.
+
+    Example:
+        >>> kept = np.zeros((4, 64), dtype=bool); kept[[0, 2], :32] = True; kept[1, 32:] = True
+        >>> p = plan_segments(kept, max_rows=4)
+        >>> p.e_nrows.tolist(), p.p_k0.tolist()
+        ([2, 1], [0, 32])
+    """
+    panel = panel or panel_width(kept)
+    chunk_n = row_chunks(kept)
+    rows, nrows, piece, k0s, lens, woff, e_ptr = [], [], [0], [], [], [], []
+    offset = 0
+    for p0 in range(0, kept.shape[1], panel):
+        for c in range(len(chunk_n) - 1):
+            e_ptr.append(len(nrows))
+            n0, n1 = int(chunk_n[c]), int(chunk_n[c + 1])
+            sub = kept[n0:n1, p0:p0 + panel]
+            live = np.flatnonzero(sub.any(axis=1))
+            if not len(live):
+                continue
+            _, first, inverse = np.unique(np.packbits(sub[live], axis=1), axis=0, return_index=True,
+                                          return_inverse=True)
+            for b in range(len(first)):
+                members = (live[inverse.reshape(-1) == b] + n0).tolist()
+                segs = _segments(sub[live[first[b]]])
+                for g0 in range(0, len(members), max_rows):
+                    group = members[g0:g0 + max_rows]
+                    rows.append(group + [group[0]] * (max_rows - len(group)))
+                    nrows.append(len(group))
+                    woff.append(offset)
+                    for k0, length in segs:
+                        k0s.append(p0 + k0)
+                        lens.append(length)
+                        offset += length * len(group)
+                    piece.append(len(k0s))
+        e_ptr.append(len(nrows))
+    as_i = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
+    return SegmentPlan(panel, max_rows, chunk_n, as_i(e_ptr), as_i(rows).reshape(-1, max_rows), as_i(nrows),
+                       as_i(piece), as_i(k0s), as_i(lens), as_i(woff))
+
+
+def pack_segment_weights(weight: np.ndarray, kept: np.ndarray, plan: SegmentPlan) -> np.ndarray:
+    """Kept weights in kernel order: per entry, per piece, per k, the entry's rows."""
+    w = np.where(kept, weight, 0.0).astype(np.float32)
+    parts = []
+    for e in range(len(plan.e_nrows)):
+        rows = plan.e_rows[e, :plan.e_nrows[e]]
+        for p in range(int(plan.e_piece[e]), int(plan.e_piece[e + 1])):
+            k0, length = int(plan.p_k0[p]), int(plan.p_len[p])
+            parts.append(w[rows, k0:k0 + length].T.reshape(-1))
+    return np.concatenate(parts) if parts else np.zeros(1, dtype=np.float32)
+
+
+def _tile_function(r: int, v: int) -> str:
+    """r scattered rows x v vectors of M over one entry: load the partial sums, accumulate, store."""
+    rows = " ".join(f"float *y{i} = yb + rw[{i}] * TILE + t;" for i in range(r))
+    acc = " ".join(f"vf a{i}{j} = LD(y{i} + {j} * VEC);" for i in range(r) for j in range(v))
+    loads = " ".join(f"const vf x{j} = LD(x + {j} * VEC);" for j in range(v))
+    fmas = " ".join(f"a{i}{j} += w[{i}] * x{j};" for i in range(r) for j in range(v))
+    stores = " ".join(f"ST(y{i} + {j} * VEC, a{i}{j});" for i in range(r) for j in range(v))
+    return f"""
+static inline void stile{r}(const float *xb, float *yb, long t, long e, const float *W) {{
+    const long *rw = E_ROWS + e * R_ROWS;
+    {rows}
+    {acc}
+    const float *w = W + E_WOFF[e];
+    for (long p = E_PIECE[e]; p < E_PIECE[e + 1]; ++p) {{
+        const float *x = xb + P_K0[p] * TILE + t;
+        for (long k = P_LEN[p]; k > 0; --k, x += TILE, w += {r}) {{
+            {loads}
+            {fmas}
+        }}
+    }}
+    {stores}
+}}
+"""
+
+
+def generate_segment_source(plan: SegmentPlan, n_out: int, n_in: int, vec: int, act: str, name: str,
+                            cfg: TileConfig) -> str:
+    """C source of `void {name}(X, Y, M, W, bias)` for the segment layout (same call as the rows layout).
+
+    Rows start at their bias in the tile buffer, entries add their panels, the activation
+    runs over the rows, and they are transposed into Y. When K <= N this goes chunk by chunk
+    (a chunk's rows stay in cache while X panels stream); when K > N, panel by panel over all
+    chunks of the item (the larger packed X is read once).
+    """
+    if act not in _ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {act!r}")
+    if plan.max_rows > cfg.rows:
+        raise ValueError(f"plan has {plan.max_rows} rows per entry, the tile {cfg.rows}")
+    tables = (_array("C_N", plan.chunk_n) + _array("E_PTR", plan.e_ptr) + _array("E_ROWS", plan.e_rows.reshape(-1))
+              + _array("E_NR", plan.e_nrows) + _array("E_PIECE", plan.e_piece) + _array("P_K0", plan.p_k0)
+              + _array("P_LEN", plan.p_len) + _array("E_WOFF", plan.e_woff))
+    dispatch = "\n".join(
+        f"                            case {r}: " + " ".join(f"stile{r}(xt, yb, {j} * {cfg.vectors_for(r)} * VEC, e, W);"
+                                          for j in range(cfg.tile_vectors // cfg.vectors_for(r))) + " break;"
+        for r in range(1, plan.max_rows + 1))
+    n_panels = len(plan.e_ptr) // len(plan.chunk_n)
+    act_rows = "" if act == "none" else f"""
+                for (long n = C_N[c]; n < C_N[c + 1]; ++n)
+                    for (long t = 0; t < TILE; t += VEC) {{ vf v = LD(yb + n * TILE + t); {_ACTIVATIONS[act]}
+                        ST(yb + n * TILE + t, v); }}"""
+    start = """
+                for (long n = C_N[c]; n < C_N[c + 1]; ++n) {  /* every row starts at its bias */
+                    const vf b = zero + bias_of(bias, n);
+                    for (long t = 0; t < TILE; t += VEC) ST(yb + n * TILE + t, b);
+                }"""
+    finish = f"""{act_rows}
+                unpack_tile(yb, Y, m0, mt, C_N[c], C_N[c + 1]);"""
+
+    def entries(first: str, last: str) -> str:
+        return f"""
+                for (long p = 0; p < {n_panels}; ++p)
+                    for (long e = E_PTR[p * (N_CHUNKS + 1) + {first}]; e < E_PTR[p * (N_CHUNKS + 1) + {last}]; ++e)
+                        switch (E_NR[e]) {{
+{dispatch}
+                        }}"""
+    if n_in > n_out:  # the packed X tile outgrows the output buffer: stream X once, keep all rows' sums
+        body = f"""            for (long c = c0; c < c1; ++c) {{{start}
+            }}
+            {{{entries("c0", "c1")}
+            }}
+            for (long c = c0; c < c1; ++c) {{{finish}
+            }}
+"""
+    else:  # chunk by chunk: the chunk's rows of the output buffer stay in L2 while X panels stream
+        body = f"""            for (long c = c0; c < c1; ++c) {{{start}{entries("c", "c + 1")}{finish}
+            }}
+"""
+    tiles = "".join(_tile_function(r, cfg.vectors_for(r)) for r in range(1, plan.max_rows + 1))
+    return f"""#define VEC {vec}
+#define TILE ({cfg.tile_vectors} * VEC)
+#define K_IN {n_in}L
+#define N_OUT {n_out}L
+#define N_CHUNKS {len(plan.chunk_n) - 1}L
+#define R_ROWS {plan.max_rows}L
+#include <stdlib.h>
+#include <omp.h>
+{_PRELUDE}
+static inline float bias_of(const float *bias, long n) {{ return bias ? bias[n] : 0.0f; }}
+{tables}{tiles}
+{UNPACK_TILE}
+{PACK_TILE}
+{fp32_driver(name, body)}"""
