@@ -43,8 +43,9 @@ def medians(fns: list, repeats: int) -> list[float]:
 
 
 def tile_name(cfg) -> str:
-    """rows x vectors / single-row vectors, P when K is processed in L1 panels."""
-    return f"{cfg.rows}x{cfg.vectors}/{cfg.single_vectors}{'P' if cfg.panel else ''}"
+    """rows x vectors / single-row vectors, P when K is processed in L1 panels, S for the segment layout."""
+    suffix = "S" if cfg.layout == "segments" else "P" if cfg.panel else ""
+    return f"{cfg.rows}x{cfg.vectors}/{cfg.single_vectors}{suffix}"
 
 
 def candidates(x, masked, b, ours, csr, q, ours8) -> list:

@@ -190,10 +190,9 @@ def generate_segment_source(plan: SegmentPlan, n_out: int, n_in: int, vec: int, 
     tables = (_array("C_N", plan.chunk_n) + _array("E_PTR", plan.e_ptr) + _array("E_ROWS", plan.e_rows.reshape(-1))
               + _array("E_NR", plan.e_nrows) + _array("E_PIECE", plan.e_piece) + _array("P_K0", plan.p_k0)
               + _array("P_LEN", plan.p_len) + _array("E_WOFF", plan.e_woff))
-    dispatch = "\n".join(
-        f"                            case {r}: " + " ".join(f"stile{r}(xt, yb, {j} * {cfg.vectors_for(r)} * VEC, e, W);"
-                                          for j in range(cfg.tile_vectors // cfg.vectors_for(r))) + " break;"
-        for r in range(1, plan.max_rows + 1))
+    calls = {r: " ".join(f"stile{r}(xt, yb, {j} * {cfg.vectors_for(r)} * VEC, e, W);"
+                         for j in range(cfg.tile_vectors // cfg.vectors_for(r))) for r in range(1, plan.max_rows + 1)}
+    dispatch = "\n".join(f"                            case {r}: {call} break;" for r, call in calls.items())
     n_panels = len(plan.e_ptr) // len(plan.chunk_n)
     act_rows = "" if act == "none" else f"""
                 for (long n = C_N[c]; n < C_N[c + 1]; ++n)

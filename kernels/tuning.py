@@ -1,8 +1,9 @@
-"""Measured choice of the register tiling for one weight pattern, cached per pattern and machine.
+"""Measured choice of the register tiling and loop order for one weight pattern, cached per pattern and machine.
 
 A handful of `TileConfig` candidates are generated, built and timed on the actual shape
 with a representative M; the fastest wins and is remembered in the cache folder under a
-key of shape, pattern, activation, M bucket, CPU flags and compiler.
+key of shape, pattern, activation, M bucket, CPU flags and compiler. The segment layout
+is a candidate only where rows share panel patterns (`segment_codegen.sharing`).
 """
 
 from __future__ import annotations
@@ -14,15 +15,42 @@ import statistics
 import time
 from dataclasses import asdict
 
+import numpy as np
 import torch
 
 from sparta_explore.cache import atomic_write, content_key, resolve_cache_dir
 from sparta_explore.kernels.bsr_codegen import TileConfig
 from sparta_explore.kernels.build import compiler_version, cpu_flags
+from sparta_explore.kernels.segment_codegen import sharing
 
 CANDIDATES = (TileConfig(4, 3, 6), TileConfig(4, 2, 4), TileConfig(2, 3, 6), TileConfig(4, 3, 3), TileConfig(2, 4, 8),
               TileConfig(6, 2, 6), TileConfig(4, 3, 6, panel=True), TileConfig(2, 4, 8, panel=True))
-TUNING_VERSION = 3
+# measured on BERT FFN shapes: 6x2 wins at M=4096 and for 768->3072, 2x4 for 3072->768 at M=128
+SEGMENT_CANDIDATES = (TileConfig(6, 2, 6, layout="segments"), TileConfig(2, 4, 8, layout="segments"))
+MIN_SHARING = 2.0  # rows per (panel, pattern) below which the segment layout only adds spills
+TUNING_VERSION = 4
+
+
+def candidates(kept: np.ndarray) -> tuple[TileConfig, ...]:
+    """The tilings worth timing for this (N, K) bool pattern.
+
+    Example:
+        >>> len(candidates(np.ones((64, 64), dtype=bool))) == len(CANDIDATES) + len(SEGMENT_CANDIDATES)
+        True
+    """
+    return CANDIDATES + (SEGMENT_CANDIDATES if sharing(kept) >= MIN_SHARING else ())
+
+
+def default_tile(kept: np.ndarray, block_rows: int) -> TileConfig:
+    """The tiling to use without a search: one-row blocks whose rows share panels (1x32) go segment-major.
+
+    Example:
+        >>> default_tile(np.ones((64, 64), dtype=bool), block_rows=1).layout
+        'segments'
+    """
+    if block_rows == 1 and sharing(kept) >= MIN_SHARING:
+        return SEGMENT_CANDIDATES[0]
+    return TileConfig()
 
 
 def m_bucket(m: int) -> str:
@@ -51,7 +79,8 @@ def search(weight: torch.Tensor, bias: torch.Tensor | None, kept: torch.Tensor, 
     """
     from sparta_explore.kernels.sparse_linear import SparseLinear  # the module under test builds through us
 
-    pattern = hashlib.sha256(kept.cpu().numpy().tobytes()).hexdigest()[:16]
+    kept_np = kept.cpu().numpy().astype(bool)
+    pattern = hashlib.sha256(kept_np.tobytes()).hexdigest()[:16]
     key = content_key({"shape": list(kept.shape), "pattern": pattern, "block_rows": block_rows, "act": activation,
                        "bucket": m_bucket(m), "cpu": sorted(cpu_flags()), "cc": compiler_version(),
                        "threads": torch.get_num_threads(), "version": TUNING_VERSION})
@@ -60,7 +89,7 @@ def search(weight: torch.Tensor, bias: torch.Tensor | None, kept: torch.Tensor, 
         return TileConfig(**json.loads(path.read_text())["best"])
     x = torch.randn(min(m, 2048), kept.shape[1], generator=torch.Generator().manual_seed(0))
     timings = {}
-    for cfg in CANDIDATES:
+    for cfg in candidates(kept_np):
         layer = SparseLinear(weight, bias, kept, block_rows=block_rows, activation=activation, cache_dir=cache_dir,
                              tile=cfg, check=False)
         if layer.fallback_reason is None:

@@ -25,7 +25,7 @@ import torch
 
 from sparta_explore.cache import atomic_write, content_key, resolve_cache_dir
 
-PROFILE_VERSION = 2
+PROFILE_VERSION = 3
 BLOCKS: tuple[tuple[int, int], ...] = ((1, 1), (1, 32), (16, 16), (32, 32), (32, 64), (64, 32), (64, 64))
 FP32, INT8 = 32, 8
 
@@ -235,6 +235,7 @@ def measure_profile(shape: ProfileShape, *, key: str = "", cache_dir: str | os.P
     import torch.nn.functional as F
 
     from sparta_explore.kernels import Int8SparseLinear, SparseLinear, cpu_flags
+    from sparta_explore.kernels.tuning import default_tile
 
     start = time.perf_counter()
     gen = torch.Generator().manual_seed(0)
@@ -247,7 +248,9 @@ def measure_profile(shape: ProfileShape, *, key: str = "", cache_dir: str | os.P
     for b in bits:
         for block in BLOCKS:
             kept, blocks_of[(b, *block)] = _block_pattern(shape, block, gen)
-            ops[(b, *block)] = builders[b](weight, None, kept, block_rows=block[0], cache_dir=cache_dir, check=False)
+            tile = {"tile": default_tile(kept.numpy(), block[0])} if b == FP32 else {}
+            ops[(b, *block)] = builders[b](weight, None, kept, block_rows=block[0], cache_dir=cache_dir, check=False,
+                                           **tile)
     ops[("dense", FP32)] = lambda t: F.linear(t, weight)
     if INT8 in bits:
         ops[("dense", INT8)] = Int8SparseLinear(weight, None, torch.ones(n, k, dtype=torch.bool), cache_dir=cache_dir,

@@ -20,10 +20,10 @@ import torch
 from torch import nn
 
 from sparta_explore.fake_quant import fake_quantize_rows
-from sparta_explore.kernels.bsr_codegen import TileConfig
 from sparta_explore.kernels.dense import DenseConv2d, DenseLinear, ShrunkConv2d, SummedParts
 from sparta_explore.kernels.shrink import ShrunkLinear
 from sparta_explore.kernels.sparse_linear import Int8SparseLinear, SparseLinear
+from sparta_explore.kernels.tuning import default_tile
 from sparta_explore.plan.execution_plan import FP32, Candidate, SubOp
 from sparta_explore.registry import Registry
 
@@ -98,7 +98,7 @@ def _shrink_linear(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.M
 
 @register_builder("sparse", "linear")
 def _sparse_linear(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Module:
-    tile = "auto" if ctx.tune else TileConfig()
+    tile = "auto" if ctx.tune else default_tile(sub.mask.cpu().numpy().astype(bool), sub.block[0])
     return SparseLinear(part_weight(ctx.module, sub), bias, sub.mask, block_rows=sub.block[0], activation=activation,
                         cache_dir=ctx.cache_dir, tile=tile, expected_m=ctx.m)
 

@@ -1,0 +1,101 @@
+"""The segment layout: rows regrouped per K panel by their kept pattern, exact on every pattern."""
+
+import numpy as np
+import pytest
+import torch
+
+from sparta_explore.kernels import SparseLinear
+from sparta_explore.kernels.bsr_codegen import TileConfig
+from sparta_explore.kernels.segment_codegen import pack_segment_weights, panel_width, plan_segments, row_chunks, sharing
+from sparta_explore.kernels.tuning import MIN_SHARING, candidates, default_tile
+
+from .test_sparse_linear import block_mask, check
+
+SEGMENT_TILES = [TileConfig(6, 2, 6, layout="segments"), TileConfig(2, 4, 8, layout="segments"),
+                 TileConfig(4, 3, 3, layout="segments")]
+
+
+SHAPES = [(96, 128), (70, 45), (20, 300)]  # ragged edges; K > N takes the panel-outer order
+CASES = ([(SEGMENT_TILES[0], block, shape, density) for block in [(1, 32), (32, 32), (1, 64), (4, 8), (1, 1)]
+          for shape in SHAPES for density in (0.0, 0.1, 0.5, 1.0)]  # all-zero ... fully dense
+         + [(tile, block, shape, 0.5) for tile in SEGMENT_TILES[1:] for block in [(1, 32), (4, 8)] for shape in SHAPES])
+
+
+def case_id(value) -> str:
+    return f"{value.rows}x{value.vectors}/{value.single_vectors}" if isinstance(value, TileConfig) else str(value)
+
+
+@pytest.mark.parametrize("tile, block, shape, density", CASES, ids=case_id)
+def test_segment_layout_matches_reference(tmp_path, tile, block, shape, density):
+    n, k = shape
+    w, b = torch.randn(n, k), torch.randn(n)
+    layer = SparseLinear(w, b, block_mask(n, k, block, density), block_rows=block[0], tile=tile, cache_dir=tmp_path)
+    assert layer.fallback_reason is None
+    for m in (1, 5, 49, 130):
+        check(layer, m, k)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_segment_layout_fuses_activation_and_empty_rows_get_act_of_bias(tmp_path, activation):
+    kept = block_mask(40, 64, (1, 32), 0.3)
+    kept[8:16] = False
+    layer = SparseLinear(torch.randn(40, 64), torch.randn(40), kept, activation=activation,
+                         tile=SEGMENT_TILES[0], cache_dir=tmp_path)
+    check(layer, 33, 64)
+    y = layer(torch.randn(3, 64))
+    act = torch.relu if activation == "relu" else torch.nn.functional.gelu
+    assert torch.allclose(y[:, 8:16], act(layer.bias[8:16]).expand(3, 8), atol=1e-6)
+
+
+def test_rows_with_the_same_panel_pattern_share_an_entry():
+    kept = np.zeros((8, 64), dtype=bool)
+    kept[[0, 3, 5], :32] = True   # three rows, one pattern in panel 0
+    kept[[1, 3], 32:] = True      # two rows in panel 1; row 3 is in both
+    plan = plan_segments(kept, max_rows=4)
+    assert plan.panel == 32
+    assert sorted(plan.e_nrows.tolist()) == [2, 3]
+    entries = {tuple(plan.e_rows[e, :plan.e_nrows[e]]) for e in range(len(plan.e_nrows))}
+    assert entries == {(0, 3, 5), (1, 3)}
+
+
+def test_buckets_are_cut_at_the_tile_height_and_weights_follow_the_entries():
+    kept = np.zeros((16, 32), dtype=bool)
+    kept[:, 4:12] = True  # one bucket of 16 rows, one 8-wide piece
+    plan = plan_segments(kept, max_rows=6)
+    assert plan.e_nrows.tolist() == [6, 2, 6, 2]  # two chunks of 8 rows, each cut into 6 + 2
+    assert plan.p_k0.tolist() == [4] * 4 and plan.p_len.tolist() == [8] * 4
+    weight = np.arange(16 * 32, dtype=np.float32).reshape(16, 32)
+    packed = pack_segment_weights(weight, kept, plan)
+    rows = plan.e_rows[0, :6]
+    assert np.array_equal(packed[:6 * 8], weight[rows, 4:12].T.reshape(-1))
+
+
+def test_panel_width_follows_the_pattern_granularity():
+    assert panel_width(block_mask(64, 256, (1, 64), 0.5).numpy()) == 64
+    assert panel_width(block_mask(64, 256, (1, 32), 0.5).numpy()) == 32
+    assert panel_width(block_mask(64, 256, (1, 1), 0.5).numpy()) == 32
+
+
+def test_row_chunks_are_balanced_multiples_of_eight():
+    kept = np.zeros((100, 16), dtype=bool)
+    kept[:50] = True
+    bounds = row_chunks(kept, chunks=4)
+    assert bounds[0] == 0 and bounds[-1] == 100
+    assert all(b % 8 == 0 for b in bounds[:-1]) and np.all(np.diff(bounds) >= 0)
+    assert bounds[-2] <= 56  # the kept work sits in the first half: the last chunk is the empty rest
+
+
+def test_tile_search_offers_segments_only_where_rows_share():
+    shared = block_mask(256, 256, (1, 32), 0.1).numpy()
+    unshared = block_mask(256, 256, (1, 1), 0.1).numpy()
+    assert sharing(shared) >= MIN_SHARING > sharing(unshared)
+    assert any(c.layout == "segments" for c in candidates(shared))
+    assert all(c.layout == "rows" for c in candidates(unshared))
+    assert default_tile(shared, block_rows=1).layout == "segments"
+    assert default_tile(unshared, block_rows=1).layout == "rows"
+    assert default_tile(shared, block_rows=32).layout == "rows"
+
+
+def test_unknown_layout_is_one_clear_error():
+    with pytest.raises(ValueError, match="layout"):
+        TileConfig(layout="columns")
