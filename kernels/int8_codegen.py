@@ -130,29 +130,70 @@ def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: 
 {_PRELUDE}
 static inline float bias_of(const float *bias, long n) {{ return bias ? bias[n] : 0.0f; }}
 {tables}{"".join(_tile(r, act) for r in range(1, R_MAX + 1))}
+{UNPACK_TILE}
+static void quantize_row(const float *src, int16_t *xq, float *sx, long t, long k_from) {{
+    /* row t from k_from on, scalar; sx[t] already holds the row's scale */
+    const float scale = sx[t];
+    for (long k = k_from; k < K_IN; ++k) {{
+        float q = nearbyintf(src[k] / scale);
+        q = q > QMAX ? QMAX : (q < -QMAX ? -QMAX : q);
+        xq[((k / 2) * TILE + t) * 2 + (k & 1)] = (int16_t)q;
+    }}
+    if (K_PAD > K_IN) xq[((K_IN / 2) * TILE + t) * 2 + 1] = 0;
+}}
+
+static float row_scale(const float *src) {{
+    __m256 m = _mm256_setzero_ps();
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    long k = 0;
+    for (; k + 8 <= K_IN; k += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(src + k)));
+    float lanes[8], amax = 0.0f;
+    _mm256_storeu_ps(lanes, m);
+    for (int i = 0; i < 8; ++i) amax = lanes[i] > amax ? lanes[i] : amax;
+    for (; k < K_IN; ++k) {{ const float a = fabsf(src[k]); amax = a > amax ? a : amax; }}
+    return amax > 0.0f ? amax / QMAX : 1.0f;
+}}
+
+#define EVEN (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)  /* round half to even, as nearbyintf */
 static void pack_tile(const float *X, int16_t *xq, float *sx, long m0, long mt) {{
-    /* per row: scale = max|x| / QMAX, q = round-half-even(x / scale); k pairs interleaved */
-    for (long t = 0; t < TILE; ++t) {{
+    /* per row: scale = max|x| / QMAX, q = round-half-even(x / scale); k pairs interleaved.
+       8 rows x 16 k at a time: divide, round and clamp in vectors, pack to int16 pairs and
+       transpose 8 x 8 pairs into place (the scalar loop took 9 of 12 ms at 4096 x 3072) */
+    int32_t *xq32 = (int32_t *)xq;
+    const long k16 = K_IN - K_IN % 16;
+    const __m256 hi = _mm256_set1_ps(QMAX), lo = _mm256_set1_ps(-QMAX);
+    long t = 0;
+    for (; t + 8 <= mt; t += 8) {{
+        const float *src = X + (m0 + t) * K_IN;
+        __m256 s[8];
+        for (int i = 0; i < 8; ++i) {{ sx[t + i] = row_scale(src + i * K_IN); s[i] = _mm256_set1_ps(sx[t + i]); }}
+        for (long k = 0; k < k16; k += 16) {{
+            int32_t pairs[8][8] __attribute__((aligned(32)));
+            for (int i = 0; i < 8; ++i) {{
+                const float *row = src + i * K_IN + k;
+                __m256 qa = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(row), s[i]), EVEN);
+                __m256 qb = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(row + 8), s[i]), EVEN);
+                qa = _mm256_min_ps(_mm256_max_ps(qa, lo), hi);
+                qb = _mm256_min_ps(_mm256_max_ps(qb, lo), hi);
+                const __m256i packed = _mm256_packs_epi32(_mm256_cvtps_epi32(qa), _mm256_cvtps_epi32(qb));
+                _mm256_store_si256((__m256i *)pairs[i], _mm256_permute4x64_epi64(packed, 0xD8));
+            }}
+            transpose8((const float *)pairs, 8, (float *)(xq32 + (k / 2) * TILE + t), TILE);
+        }}
+        for (int i = 0; i < 8; ++i) quantize_row(src + i * K_IN, xq, sx, t + i, k16);
+    }}
+    for (; t < TILE; ++t) {{
         if (t >= mt) {{
             sx[t] = 0.0f;
             for (long k = 0; k < K_PAD; ++k) xq[((k / 2) * TILE + t) * 2 + (k & 1)] = 0;
             continue;
         }}
         const float *src = X + (m0 + t) * K_IN;
-        float amax = 0.0f;
-        for (long k = 0; k < K_IN; ++k) {{ const float a = fabsf(src[k]); amax = a > amax ? a : amax; }}
-        const float scale = amax > 0.0f ? amax / QMAX : 1.0f;
-        sx[t] = scale;
-        for (long k = 0; k < K_IN; ++k) {{
-            float q = nearbyintf(src[k] / scale);
-            q = q > QMAX ? QMAX : (q < -QMAX ? -QMAX : q);
-            xq[((k / 2) * TILE + t) * 2 + (k & 1)] = (int16_t)q;
-        }}
-        if (K_PAD > K_IN) xq[((K_IN / 2) * TILE + t) * 2 + 1] = 0;
+        sx[t] = row_scale(src);
+        quantize_row(src, xq, sx, t, 0);
     }}
 }}
 
-{UNPACK_TILE}
 void {name}(const float *X, float *Y, long M, const int32_t *W, const float *ws, const float *bias) {{
     const long tiles = (M + TILE - 1) / TILE;
     const long split = tiles >= 4 * omp_get_max_threads() ? 1 : N_CHUNKS;
