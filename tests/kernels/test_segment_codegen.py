@@ -99,3 +99,12 @@ def test_tile_search_offers_segments_only_where_rows_share():
 def test_unknown_layout_is_one_clear_error():
     with pytest.raises(ValueError, match="layout"):
         TileConfig(layout="columns")
+
+
+@pytest.mark.parametrize("shape", [(40, 300), (300, 40)])  # K > N: panel-outer order; K <= N: chunk by chunk
+@pytest.mark.parametrize("tile", SEGMENT_TILES[:2], ids=case_id)
+def test_large_m_runs_one_tile_per_item(tmp_path, shape, tile):
+    n, k = shape
+    layer = SparseLinear(torch.randn(n, k), torch.randn(n), block_mask(n, k, (1, 32), 0.3), activation="gelu",
+                         tile=tile, cache_dir=tmp_path)
+    check(layer, 1000, k)  # >= 4 tiles per thread: every item packs its own tile (no shared buffer)
