@@ -10,6 +10,9 @@ thread packs a tile of X), with integer arithmetic:
   multiply-adds into int32 (no saturation, unlike u8 x s8 `vpmaddubsw`);
 * the epilogue dequantizes (acc * x_scale[m] * w_scale[n]), adds the bias and applies the
   activation in fp32. AVX2 intrinsics: runs on every x86-64 machine of this project.
+
+Narrow weight grids (a calibrated 4-bit weight) take the u8 x s8 variant instead
+(lowbit_codegen.py): same result, twice the products per multiply instruction.
 """
 
 from __future__ import annotations
@@ -27,20 +30,44 @@ from sparta_explore.kernels.bsr_codegen import (
     _vectors,
     finish_tile,
     pattern_tables,
+    plan_groups,
 )
+from sparta_explore.kernels.lowbit_codegen import ROWS, U8_PACK, VECTORS, accumulate_steps, u8_tile
+
+
+def align_segments(groups: Groups, multiple: int) -> Groups:
+    """Segments widened to start and end on multiples of `multiple` k (extra k carry zero weights).
+
+    Widened neighbours that now touch or overlap are merged, so no k is counted twice.
+
+    Example:
+        >>> g = align_segments(plan_groups(np.array([[0, 1, 0, 1, 0, 0, 0, 0]], dtype=bool), 1), 4)
+        >>> g.seg_k0.tolist(), g.seg_len.tolist()
+        ([0], [4])
+    """
+    k0s, lens, seg_ptr, w_off, offset = [], [], [0], [], 0
+    for g in range(len(groups.row0)):
+        w_off.append(offset)
+        merged: list[list[int]] = []
+        for s in range(int(groups.seg_ptr[g]), int(groups.seg_ptr[g + 1])):
+            a = int(groups.seg_k0[s]) // multiple * multiple
+            b = -(-(int(groups.seg_k0[s]) + int(groups.seg_len[s])) // multiple) * multiple
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        for a, b in merged:
+            k0s.append(a)
+            lens.append(b - a)
+            offset += (b - a) // multiple * int(groups.rows[g])
+        seg_ptr.append(len(k0s))
+    as_i = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
+    return Groups(groups.row0, groups.rows, as_i(seg_ptr), as_i(k0s), as_i(lens), as_i(w_off))
 
 
 def even_segments(groups: Groups) -> Groups:
     """Segments widened to start and end on even k (the extra k carries a zero weight)."""
-    k0 = groups.seg_k0 - (groups.seg_k0 % 2)
-    end = groups.seg_k0 + groups.seg_len
-    end = end + (end % 2)
-    lengths = end - k0
-    w_off, offset = [], 0
-    for g in range(len(groups.row0)):
-        w_off.append(offset)
-        offset += int(lengths[groups.seg_ptr[g]:groups.seg_ptr[g + 1]].sum()) // 2 * int(groups.rows[g])
-    return Groups(groups.row0, groups.rows, groups.seg_ptr, k0, lengths, np.asarray(w_off, dtype=np.int64))
+    return align_segments(groups, 2)
 
 
 def quantize_rows(weight: np.ndarray, kept: np.ndarray, bits: int = 8) -> tuple[np.ndarray, np.ndarray]:
@@ -85,7 +112,8 @@ def _tile(r: int, act: str) -> str:
                           f"ST(yb + (n0 + {i}) * TILE + t + {j} * 8, v); }}")
     return f"""
 static inline void qtile{r}(const int16_t *xq, const float *sx, float *yb, long t, long g, const int32_t *W,
-                           const float *ws, const float *bias) {{
+                           const int32_t *corr, const float *ws, const float *bias) {{
+    (void)corr;
     const vf zero = {{0}}; const vf one = zero + 1.0f; (void)one;
     {acc}
     const long n0 = G_ROW0[g];
@@ -103,19 +131,130 @@ static inline void qtile{r}(const int16_t *xq, const float *sx, float *yb, long 
 """
 
 
-def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: str, act_bits: int = 8) -> str:
-    """C source of `void {name}(X, Y, M, W, w_scale, bias)`: fp32 in and out, int8 inside.
+ROW_SCALE = r"""
+static float row_scale(const float *src) {
+    __m256 m = _mm256_setzero_ps();
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    long k = 0;
+    for (; k + 8 <= K_IN; k += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(src + k)));
+    float lanes[8], amax = 0.0f;
+    _mm256_storeu_ps(lanes, m);
+    for (int i = 0; i < 8; ++i) amax = lanes[i] > amax ? lanes[i] : amax;
+    for (; k < K_IN; ++k) { const float a = fabsf(src[k]); amax = a > amax ? a : amax; }
+    return amax > 0.0f ? amax / QMAX : 1.0f;
+}
+
+#define EVEN (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)  /* round half to even, as nearbyintf */
+"""
+
+I16_PACK = r"""
+static void quantize_row(const float *src, int16_t *xq, float *sx, long t, long k_from) {
+    /* row t from k_from on, scalar; sx[t] already holds the row's scale */
+    const float scale = sx[t];
+    for (long k = k_from; k < K_IN; ++k) {
+        float q = nearbyintf(src[k] / scale);
+        q = q > QMAX ? QMAX : (q < -QMAX ? -QMAX : q);
+        xq[((k / 2) * TILE + t) * 2 + (k & 1)] = (int16_t)q;
+    }
+    if (K_PAD > K_IN) xq[((K_IN / 2) * TILE + t) * 2 + 1] = 0;
+}
+
+static void pack_tile(const float *X, int16_t *xq, float *sx, long m0, long mt) {
+    /* per row: scale = max|x| / QMAX, q = round-half-even(x / scale); k pairs interleaved.
+       8 rows x 16 k at a time: divide, round and clamp in vectors, pack to int16 pairs and
+       transpose 8 x 8 pairs into place (the scalar loop took 9 of 12 ms at 4096 x 3072) */
+    int32_t *xq32 = (int32_t *)xq;
+    const long k16 = K_IN - K_IN % 16;
+    const __m256 hi = _mm256_set1_ps(QMAX), lo = _mm256_set1_ps(-QMAX);
+    long t = 0;
+    for (; t + 8 <= mt; t += 8) {
+        const float *src = X + (m0 + t) * K_IN;
+        __m256 s[8];
+        for (int i = 0; i < 8; ++i) { sx[t + i] = row_scale(src + i * K_IN); s[i] = _mm256_set1_ps(sx[t + i]); }
+        for (long k = 0; k < k16; k += 16) {
+            int32_t pairs[8][8] __attribute__((aligned(32)));
+            for (int i = 0; i < 8; ++i) {
+                const float *row = src + i * K_IN + k;
+                __m256 qa = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(row), s[i]), EVEN);
+                __m256 qb = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(row + 8), s[i]), EVEN);
+                qa = _mm256_min_ps(_mm256_max_ps(qa, lo), hi);
+                qb = _mm256_min_ps(_mm256_max_ps(qb, lo), hi);
+                const __m256i packed = _mm256_packs_epi32(_mm256_cvtps_epi32(qa), _mm256_cvtps_epi32(qb));
+                _mm256_store_si256((__m256i *)pairs[i], _mm256_permute4x64_epi64(packed, 0xD8));
+            }
+            transpose8((const float *)pairs, 8, (float *)(xq32 + (k / 2) * TILE + t), TILE);
+        }
+        for (int i = 0; i < 8; ++i) quantize_row(src + i * K_IN, xq, sx, t + i, k16);
+    }
+    for (; t < TILE; ++t) {
+        if (t >= mt) {
+            sx[t] = 0.0f;
+            for (long k = 0; k < K_PAD; ++k) xq[((k / 2) * TILE + t) * 2 + (k & 1)] = 0;
+            continue;
+        }
+        const float *src = X + (m0 + t) * K_IN;
+        sx[t] = row_scale(src);
+        quantize_row(src, xq, sx, t, 0);
+    }
+}
+"""
+
+
+U8_COST = 0.75  # time per padded product of the u8 variant over the int16 one (BERT FFN shapes, Zen 3)
+
+
+def _work(groups: Groups) -> int:
+    owner = np.repeat(np.arange(len(groups.row0)), np.diff(groups.seg_ptr))
+    return int((groups.seg_len * groups.rows[owner]).sum()) if len(owner) else 0
+
+
+def prepare_groups(kept: np.ndarray, block_rows: int, weight_bits: int, act_bits: int) -> tuple[Groups, bool]:
+    """Row groups aligned to the packed words of the faster variant, and whether it is the u8 one.
+
+    The u8 variant (narrow weight grids only) pads segments to k quads; on scattered patterns
+    that padding costs more than its faster multiplies gain, so the padded work decides.
+
+    Example:
+        >>> _, narrow = prepare_groups(np.ones((8, 64), dtype=bool), 8, weight_bits=4, act_bits=8)
+        >>> narrow
+        True
+    """
+    pairs = align_segments(plan_groups(kept, block_rows, R_MAX), 2)
+    if accumulate_steps(weight_bits, act_bits) < 2:
+        return pairs, False
+    quads = align_segments(plan_groups(kept, block_rows, ROWS), 4)
+    if _work(quads) * U8_COST < _work(pairs):
+        return quads, True
+    return pairs, False
+
+
+def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: str, act_bits: int = 8,
+                         weight_bits: int = 8, narrow: bool = False) -> str:
+    """C source of `void {name}(X, Y, M, W, corr, w_scale, bias)`: fp32 in and out, int8 inside.
 
     Activations are quantized on the symmetric `act_bits` grid (see sparta_explore.fake_quant).
+    `narrow` selects the u8 x s8 variant (only for grids with `accumulate_steps` >= 2), which
+    needs `corr` (lowbit_codegen.offset_correction) and the quad groups of `prepare_groups`.
     """
     level = f"{qmax(act_bits)}.0f"
     tables, chunk_g0 = pattern_tables(groups, n_out, act)
     n_chunks = len(chunk_g0)
+    steps = accumulate_steps(weight_bits, act_bits)
+    if narrow and steps < 2:
+        raise ValueError(f"{weight_bits}-bit weights x {act_bits}-bit activations can overflow int16: no u8 variant")
+    if narrow:
+        elem, k_group, pack = "uint8_t", 4, U8_PACK
+        tiles = "".join(u8_tile(r, act, steps) for r in range(1, ROWS + 1))
+        vectors = {r: VECTORS for r in range(1, ROWS + 1)}
+    else:
+        elem, k_group, pack = "int16_t", 2, I16_PACK
+        tiles = "".join(_tile(r, act) for r in range(1, R_MAX + 1))
+        vectors = {r: _vectors(r) for r in range(1, R_MAX + 1)}
     dispatch = "\n".join(
-        f"                case {r}: " + " ".join(f"qtile{r}(xq, sx, yb, {j} * {_vectors(r)} * 8, g, W, ws, bias);"
-                                          for j in range(2 * V // _vectors(r))) + " break;"
-        for r in range(1, R_MAX + 1))
-    k_pad = n_in + (n_in % 2)
+        f"                case {r}: " + " ".join(f"qtile{r}(xq, sx, yb, {j} * {v} * 8, g, W, corr, ws, bias);"
+                                          for j in range(2 * V // v)) + " break;"
+        for r, v in vectors.items())
+    k_pad = -(-n_in // k_group) * k_group
     return f"""#define VEC 8
 #define QMAX {level}
 #define TILE ({2 * V} * 8)
@@ -124,84 +263,25 @@ def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: 
 #define N_OUT {n_out}L
 #define N_CHUNKS {n_chunks}L
 #include <stdlib.h>
+#include <stdint.h>
 #include <math.h>
 #include <omp.h>
 #include <immintrin.h>
 {_PRELUDE}
 static inline float bias_of(const float *bias, long n) {{ return bias ? bias[n] : 0.0f; }}
-{tables}{"".join(_tile(r, act) for r in range(1, R_MAX + 1))}
+{tables}{tiles}
 {UNPACK_TILE}
-static void quantize_row(const float *src, int16_t *xq, float *sx, long t, long k_from) {{
-    /* row t from k_from on, scalar; sx[t] already holds the row's scale */
-    const float scale = sx[t];
-    for (long k = k_from; k < K_IN; ++k) {{
-        float q = nearbyintf(src[k] / scale);
-        q = q > QMAX ? QMAX : (q < -QMAX ? -QMAX : q);
-        xq[((k / 2) * TILE + t) * 2 + (k & 1)] = (int16_t)q;
-    }}
-    if (K_PAD > K_IN) xq[((K_IN / 2) * TILE + t) * 2 + 1] = 0;
-}}
-
-static float row_scale(const float *src) {{
-    __m256 m = _mm256_setzero_ps();
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    long k = 0;
-    for (; k + 8 <= K_IN; k += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(src + k)));
-    float lanes[8], amax = 0.0f;
-    _mm256_storeu_ps(lanes, m);
-    for (int i = 0; i < 8; ++i) amax = lanes[i] > amax ? lanes[i] : amax;
-    for (; k < K_IN; ++k) {{ const float a = fabsf(src[k]); amax = a > amax ? a : amax; }}
-    return amax > 0.0f ? amax / QMAX : 1.0f;
-}}
-
-#define EVEN (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)  /* round half to even, as nearbyintf */
-static void pack_tile(const float *X, int16_t *xq, float *sx, long m0, long mt) {{
-    /* per row: scale = max|x| / QMAX, q = round-half-even(x / scale); k pairs interleaved.
-       8 rows x 16 k at a time: divide, round and clamp in vectors, pack to int16 pairs and
-       transpose 8 x 8 pairs into place (the scalar loop took 9 of 12 ms at 4096 x 3072) */
-    int32_t *xq32 = (int32_t *)xq;
-    const long k16 = K_IN - K_IN % 16;
-    const __m256 hi = _mm256_set1_ps(QMAX), lo = _mm256_set1_ps(-QMAX);
-    long t = 0;
-    for (; t + 8 <= mt; t += 8) {{
-        const float *src = X + (m0 + t) * K_IN;
-        __m256 s[8];
-        for (int i = 0; i < 8; ++i) {{ sx[t + i] = row_scale(src + i * K_IN); s[i] = _mm256_set1_ps(sx[t + i]); }}
-        for (long k = 0; k < k16; k += 16) {{
-            int32_t pairs[8][8] __attribute__((aligned(32)));
-            for (int i = 0; i < 8; ++i) {{
-                const float *row = src + i * K_IN + k;
-                __m256 qa = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(row), s[i]), EVEN);
-                __m256 qb = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(row + 8), s[i]), EVEN);
-                qa = _mm256_min_ps(_mm256_max_ps(qa, lo), hi);
-                qb = _mm256_min_ps(_mm256_max_ps(qb, lo), hi);
-                const __m256i packed = _mm256_packs_epi32(_mm256_cvtps_epi32(qa), _mm256_cvtps_epi32(qb));
-                _mm256_store_si256((__m256i *)pairs[i], _mm256_permute4x64_epi64(packed, 0xD8));
-            }}
-            transpose8((const float *)pairs, 8, (float *)(xq32 + (k / 2) * TILE + t), TILE);
-        }}
-        for (int i = 0; i < 8; ++i) quantize_row(src + i * K_IN, xq, sx, t + i, k16);
-    }}
-    for (; t < TILE; ++t) {{
-        if (t >= mt) {{
-            sx[t] = 0.0f;
-            for (long k = 0; k < K_PAD; ++k) xq[((k / 2) * TILE + t) * 2 + (k & 1)] = 0;
-            continue;
-        }}
-        const float *src = X + (m0 + t) * K_IN;
-        sx[t] = row_scale(src);
-        quantize_row(src, xq, sx, t, 0);
-    }}
-}}
-
-void {name}(const float *X, float *Y, long M, const int32_t *W, const float *ws, const float *bias) {{
+{ROW_SCALE}
+{pack}
+void {name}(const float *X, float *Y, long M, const int32_t *W, const int32_t *corr, const float *ws,
+            const float *bias) {{
     const long tiles = (M + TILE - 1) / TILE;
     const long split = tiles >= 4 * omp_get_max_threads() ? 1 : N_CHUNKS;
-    int16_t *sq = split == 1 ? NULL : aligned_alloc(64, sizeof(int16_t) * K_PAD * TILE * tiles);
+    {elem} *sq = split == 1 ? NULL : aligned_alloc(64, sizeof({elem}) * K_PAD * TILE * tiles);
     float *ss = split == 1 ? NULL : aligned_alloc(64, sizeof(float) * TILE * tiles);
     #pragma omp parallel
     {{
-        int16_t *xb = split == 1 ? aligned_alloc(64, sizeof(int16_t) * K_PAD * TILE) : NULL;
+        {elem} *xb = split == 1 ? aligned_alloc(64, sizeof({elem}) * K_PAD * TILE) : NULL;
         float *sb = split == 1 ? aligned_alloc(64, sizeof(float) * TILE) : NULL;
         float *yb = aligned_alloc(64, sizeof(float) * N_OUT * TILE);
         const vf zero = {{0}}; const vf one = zero + 1.0f; (void)one;
@@ -216,7 +296,7 @@ void {name}(const float *X, float *Y, long M, const int32_t *W, const float *ws,
             const long c0 = split == 1 ? 0 : item % split, c1 = split == 1 ? N_CHUNKS : c0 + 1;
             const long mt = M - m0 < TILE ? M - m0 : TILE;
             if (split == 1) pack_tile(X, xb, sb, m0, mt);
-            const int16_t *xq = split == 1 ? xb : sq + tile * K_PAD * TILE;
+            const {elem} *xq = split == 1 ? xb : sq + tile * K_PAD * TILE;
             const float *sx = split == 1 ? sb : ss + tile * TILE;
             for (long g = C_G0[c0]; g < C_G1[c1 - 1]; ++g) {{
                 switch (G_ROWS[g]) {{

@@ -19,7 +19,8 @@ from torch import nn
 from sparta_explore.fake_quant import qmax, quantized_linear
 from sparta_explore.kernels.bsr_codegen import TileConfig, V, generate_source, pack_weights, plan_groups
 from sparta_explore.kernels.build import KernelBuildError, build, cpu_flags, vector_width
-from sparta_explore.kernels.int8_codegen import even_segments, generate_int8_source, pack_pairs, quantize_rows
+from sparta_explore.kernels.int8_codegen import generate_int8_source, pack_pairs, prepare_groups, quantize_rows
+from sparta_explore.kernels.lowbit_codegen import offset_correction, pack_quads
 from sparta_explore.kernels.segment_codegen import generate_segment_source, pack_segment_weights, plan_segments
 
 _ACT = {"none": lambda y: y, "relu": F.relu, "gelu": F.gelu}
@@ -184,7 +185,8 @@ class Int8SparseLinear(KernelLinear):
 
     Integer products accumulate exactly in int32 (AVX2 `vpmaddwd` on int16 pairs), so the
     kernel matches `reference`, the same quantization done in PyTorch, to float rounding.
-    `weight_bits` / `act_bits` (2..8) choose the symmetric grids; all run as int8.
+    `weight_bits` / `act_bits` (2..8) choose the symmetric grids; all run as int8. Weight
+    grids of 6 bits or fewer run the u8 x s8 `vpmaddubsw` variant (lowbit_codegen), exact too.
 
     Example:
         >>> q = Int8SparseLinear(lin.weight, lin.bias, kept, block_rows=32)  # doctest: +SKIP
@@ -200,27 +202,30 @@ class Int8SparseLinear(KernelLinear):
     def _build(self, kept: np.ndarray, block_rows: int, cache_dir) -> None:
         if "avx2" not in cpu_flags():
             raise ValueError("int8 kernels need AVX2")
-        groups = even_segments(plan_groups(kept, block_rows))
+        groups, narrow = prepare_groups(kept, block_rows, self.weight_bits, self.act_bits)
         wq, scale = quantize_rows(self.weight.numpy(), kept, self.weight_bits)
         self.register_buffer("weight_q", torch.from_numpy(wq))
         self.register_buffer("weight_scale", torch.from_numpy(scale))
         self._tile = 2 * V * 8
         name = "sparse_linear_int8"
         source = generate_int8_source(groups, self.out_features, self.in_features, self.activation, name,
-                                      self.act_bits)
+                                      self.act_bits, self.weight_bits, narrow)
         self.built = build(source, name, cache_dir=cache_dir)
-        self._packed = torch.from_numpy(pack_pairs(wq, groups))
+        self.variant = "u8" if narrow else "int16"
+        self._packed = torch.from_numpy(pack_quads(wq, groups) if narrow else pack_pairs(wq, groups))
+        self._corr = torch.from_numpy(offset_correction(wq)) if narrow else None
         self._bind(self.built.lib)
 
     def _bind(self, lib: ctypes.CDLL) -> None:
         fn = lib.sparse_linear_int8
         fn.restype = None
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
-                       ctypes.c_void_p]
+                       ctypes.c_void_p, ctypes.c_void_p]
         self._fn = fn
 
     def _run(self, x2: torch.Tensor, y: torch.Tensor) -> None:
-        self._fn(x2.data_ptr(), y.data_ptr(), x2.shape[0], self._packed.data_ptr(), self.weight_scale.data_ptr(),
+        self._fn(x2.data_ptr(), y.data_ptr(), x2.shape[0], self._packed.data_ptr(),
+                 None if self._corr is None else self._corr.data_ptr(), self.weight_scale.data_ptr(),
                  None if self.bias is None else self.bias.data_ptr())
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:

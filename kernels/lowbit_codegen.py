@@ -1,0 +1,150 @@
+"""The u8 x s8 int8 kernel variant for narrow weight grids: twice the multiplies per instruction.
+
+Without VNNI, AVX2's integer multiply port does one `vpmaddwd` (16 int16 products) or one
+`vpmaddubsw` (32 u8 x s8 products, adjacent pairs summed to int16, saturating) per cycle
+on this Zen 3. The int16 kernels use `vpmaddwd` and match fp32 FMA throughput. When the
+weights sit on a narrow grid (|w| <= 2^(bits-1) - 1), the pair sums are small enough to add
+several `vpmaddubsw` results in int16 without any chance of saturation, and to widen them
+to int32 (`vpmaddwd` by ones) once per `steps`: 32 products per multiply instead of 16.
+
+Activations are quantized exactly as in the int16 kernels (per row, symmetric), then stored
+offset by 128 as u8; the offset's contribution, 128 * sum_k w[n, k], is subtracted per output
+row before dequantizing, so the int32 result is the same exact sum. k quads are interleaved:
+one 32-bit word holds x[t, 4q .. 4q + 3], so one `vpmaddubsw` + `vpmaddwd` gives 4-term sums.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sparta_explore.fake_quant import qmax
+from sparta_explore.kernels.bsr_codegen import _ACTIVATIONS, Groups
+
+ROWS = 3  # register tile: 3 rows x 2 vectors x (int16 partial + int32 sum) + 2 x + 1 weight = 15 ymm
+VECTORS = 2
+MAX_STEPS = 16
+
+
+def accumulate_steps(weight_bits: int, act_bits: int) -> int:
+    """How many `vpmaddubsw` results can be added in int16 with no possible overflow (>= 2 to pay).
+
+    Example:
+        >>> accumulate_steps(4, 8), accumulate_steps(8, 8)
+        (9, 0)
+    """
+    pair_max = 2 * (128 + qmax(act_bits)) * qmax(weight_bits)
+    return min(MAX_STEPS, 32767 // pair_max)
+
+
+def pack_quads(wq: np.ndarray, groups: Groups) -> np.ndarray:
+    """int8 weights in kernel order: per group, per k quad, per row, (w[4q] .. w[4q + 3]) as one int32."""
+    n, k = wq.shape
+    wpad = np.zeros((n, k + 3), dtype=np.int8)
+    wpad[:, :k] = wq
+    parts = []
+    for g in range(len(groups.row0)):
+        r0, r = int(groups.row0[g]), int(groups.rows[g])
+        for s in range(int(groups.seg_ptr[g]), int(groups.seg_ptr[g + 1])):
+            k0, length = int(groups.seg_k0[s]), int(groups.seg_len[s])
+            block = np.ascontiguousarray(wpad[r0:r0 + r, k0:k0 + length])  # (r, length), length % 4 == 0
+            parts.append(block.view(np.int32).T.reshape(-1))  # little endian: k % 4 == 0 in the low byte
+    return np.concatenate(parts) if parts else np.zeros(1, dtype=np.int32)
+
+
+def offset_correction(wq: np.ndarray) -> np.ndarray:
+    """128 * sum_k w[n, k] per output row: what the +128 activation offset adds to every sum."""
+    return (128 * wq.astype(np.int64).sum(axis=1)).astype(np.int32)
+
+
+def u8_tile(r: int, act: str, steps: int) -> str:
+    """One register tile (r rows x VECTORS vectors of 8 outputs) of one row group."""
+    pairs = [(i, j) for i in range(r) for j in range(VECTORS)]
+    acc = " ".join(f"__m256i a{i}{j} = _mm256_setzero_si256(), h{i}{j} = a{i}{j};" for i, j in pairs)
+    loads = " ".join(f"const __m256i x{j} = _mm256_loadu_si256((const __m256i *)(x + {j} * 32));"
+                     for j in range(VECTORS))
+    madds = " ".join(f"{{ const __m256i b = _mm256_set1_epi32(w[{i}]); "
+                     + " ".join(f"h{i}{j} = _mm256_add_epi16(h{i}{j}, _mm256_maddubs_epi16(x{j}, b));"
+                                for j in range(VECTORS)) + " }"
+                     for i in range(r))
+    widen = " ".join(f"a{i}{j} = _mm256_add_epi32(a{i}{j}, _mm256_madd_epi16(h{i}{j}, ones)); "
+                     f"h{i}{j} = _mm256_setzero_si256();" for i, j in pairs)
+    stores = " ".join(
+        f"{{ vf v = (vf)_mm256_cvtepi32_ps(_mm256_sub_epi32(a{i}{j}, _mm256_set1_epi32(corr[n0 + {i}])))"
+        f" * LD(sx + t + {j} * 8) * ws[n0 + {i}] + bias_of(bias, n0 + {i}); {_ACTIVATIONS[act]} "
+        f"ST(yb + (n0 + {i}) * TILE + t + {j} * 8, v); }}" for i, j in pairs)
+    return f"""
+static inline void qtile{r}(const uint8_t *xq, const float *sx, float *yb, long t, long g, const int32_t *W,
+                           const int32_t *corr, const float *ws, const float *bias) {{
+    const vf zero = {{0}}; const vf one = zero + 1.0f; (void)one;
+    const __m256i ones = _mm256_set1_epi16(1);
+    {acc}
+    int steps = 0;
+    const long n0 = G_ROW0[g];
+    const int32_t *w = W + G_WOFF[g];
+    for (long s = G_SEGPTR[g]; s < G_SEGPTR[g + 1]; ++s) {{
+        const uint8_t *x = xq + (G_SEGK0[s] / 4) * TILE * 4 + t * 4;
+        for (long q = G_SEGLEN[s] / 4; q > 0; --q, x += 4 * TILE, w += {r}) {{
+            {loads}
+            {madds}
+            if (++steps == {steps}) {{ {widen} steps = 0; }}
+        }}
+    }}
+    {widen}
+    {stores}
+}}
+"""
+
+
+U8_PACK = r"""
+static void quantize_row(const float *src, uint8_t *xq, float *sx, long t, long k_from) {
+    /* row t from k_from on, scalar; sx[t] already holds the row's scale; padding k hold q = 0 */
+    const float scale = sx[t];
+    for (long k = k_from; k < K_IN; ++k) {
+        float q = nearbyintf(src[k] / scale);
+        q = q > QMAX ? QMAX : (q < -QMAX ? -QMAX : q);
+        xq[((k / 4) * TILE + t) * 4 + (k & 3)] = (uint8_t)((int)q + 128);
+    }
+    for (long k = K_IN > k_from ? K_IN : k_from; k < K_PAD; ++k) xq[((k / 4) * TILE + t) * 4 + (k & 3)] = 128;
+}
+
+static void pack_tile(const float *X, uint8_t *xq, float *sx, long m0, long mt) {
+    /* q as in the int16 kernels, stored as q + 128; 8 rows x 32 k at a time in vectors:
+       round, clamp, narrow to bytes, order the k quads, transpose 8 x 8 quads into place */
+    int32_t *xq32 = (int32_t *)xq;
+    const long k32 = K_IN - K_IN % 32;
+    const __m256 hi = _mm256_set1_ps(QMAX), lo = _mm256_set1_ps(-QMAX);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7), offset = _mm256_set1_epi16(128);
+    long t = 0;
+    for (; t + 8 <= mt; t += 8) {
+        const float *src = X + (m0 + t) * K_IN;
+        __m256 s[8];
+        for (int i = 0; i < 8; ++i) { sx[t + i] = row_scale(src + i * K_IN); s[i] = _mm256_set1_ps(sx[t + i]); }
+        for (long k = 0; k < k32; k += 32) {
+            int32_t quads[8][8] __attribute__((aligned(32)));
+            for (int i = 0; i < 8; ++i) {
+                __m256i q[4];
+                for (int j = 0; j < 4; ++j) {
+                    __m256 v = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(src + i * K_IN + k + 8 * j), s[i]), EVEN);
+                    q[j] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi));
+                }
+                const __m256i p01 = _mm256_add_epi16(_mm256_packs_epi32(q[0], q[1]), offset);
+                const __m256i p23 = _mm256_add_epi16(_mm256_packs_epi32(q[2], q[3]), offset);
+                const __m256i bytes = _mm256_packus_epi16(p01, p23);
+                _mm256_store_si256((__m256i *)quads[i], _mm256_permutevar8x32_epi32(bytes, order));
+            }
+            transpose8((const float *)quads, 8, (float *)(xq32 + (k / 4) * TILE + t), TILE);
+        }
+        for (int i = 0; i < 8; ++i) quantize_row(src + i * K_IN, xq, sx, t + i, k32);
+    }
+    for (; t < TILE; ++t) {
+        if (t >= mt) {
+            sx[t] = 0.0f;
+            for (long k = 0; k < K_PAD; ++k) xq[((k / 4) * TILE + t) * 4 + (k & 3)] = 128;
+            continue;
+        }
+        const float *src = X + (m0 + t) * K_IN;
+        sx[t] = row_scale(src);
+        quantize_row(src, xq, sx, t, 0);
+    }
+}
+"""
