@@ -1,11 +1,12 @@
 """Sparse linear kernels vs dense MKL, MKL CSR and torch dynamic int8, measured in one run.
 
-Shapes: BERT-base 768->3072, 3072->768, 768->768 at M = 4096 and 128; sparsity 50/75/90/95%;
+Shapes: BERT-base 768->3072, 3072->768, 768->768 at M = 4096 and 128; dense, then sparsity 50/75/90/95%;
 patterns 32x32 blocks, 1x32 blocks, unstructured. Every time is the median of `--repeats`
 runs after a warm-up, baseline and candidate interleaved; each call allocates its output,
 as a model does. Prints ratios over dense fp32 and effective GFLOP/s (kept work / time).
 Ours fp32 uses the measured tile search (`tile="auto"`, cached); ours int8 quantizes
-activations per row and weights per output row (exact int32 accumulation).
+activations per row and weights per output row (exact int32 accumulation); w4 is the same
+kernel on a 4-bit weight grid (the calibrated default), with the variant it picked.
 Run: `python benchmarks/kernels.py [--quick] [--repeats 5] [--reuse-memory]`.
 """
 
@@ -25,7 +26,7 @@ from sparta_explore.kernels import Int8SparseLinear, SparseLinear, cpu_flags, ve
 
 
 def pattern_mask(n: int, k: int, pattern: str, sparsity: float, g: torch.Generator) -> tuple[torch.Tensor, int]:
-    block = {"32x32": (32, 32), "1x32": (1, 32), "unstructured": (1, 1)}[pattern]
+    block = {"dense": (32, 32), "32x32": (32, 32), "1x32": (1, 32), "unstructured": (1, 1)}[pattern]
     grid = torch.rand(-(-n // block[0]), -(-k // block[1]), generator=g) >= sparsity
     return grid.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)[:n, :k], block[0]
 
@@ -48,10 +49,10 @@ def tile_name(cfg) -> str:
     return f"{cfg.rows}x{cfg.vectors}/{cfg.single_vectors}{suffix}"
 
 
-def candidates(x, masked, b, ours, csr, q, ours8) -> list:
-    """dense fp32 (MKL), ours fp32, MKL CSR, torch dynamic int8, ours int8: timed side by side."""
+def candidates(x, masked, b, ours, csr, q, ours8, ours4) -> list:
+    """dense fp32 (MKL), ours fp32, MKL CSR, torch dynamic int8, ours int8, ours int8 on a 4-bit weight grid."""
     return [lambda: F.linear(x, masked, b), lambda: ours(x), lambda: (csr @ x.t()).t() + b, lambda: q(x),
-            lambda: ours8(x)]
+            lambda: ours8(x), lambda: ours4(x)]
 
 
 def main() -> None:
@@ -73,33 +74,34 @@ def main() -> None:
     shapes = [(768, 3072), (3072, 768)] + ([] if args.quick else [(768, 768)])
     sparsities = (0.5, 0.9) if args.quick else (0.5, 0.75, 0.9, 0.95)
     print(f"{'K->N':11s} {'M':>5s} {'pattern':>12s} {'sparsity':>8s} {'dense_ms':>9s} {'ours_ms':>8s} {'x_dense':>7s} "
-          f"{'GF/s_eff':>8s} {'csr_x':>6s} {'int8dyn_x':>9s} {'ours8_x':>7s} {'tile':>7s}")
+          f"{'GF/s_eff':>8s} {'csr_x':>6s} {'int8dyn_x':>9s} {'ours8_x':>7s} {'w4_x':>7s} {'w4var':>5s} {'tile':>7s}")
     g = torch.Generator().manual_seed(0)
     for k, n in shapes:
         w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
         for m in (4096, 128):
             x = torch.randn(m, k, generator=g)
-            for pattern in ("32x32", "1x32", "unstructured"):
-                for sparsity in sparsities:
-                    kept, rows = pattern_mask(n, k, pattern, sparsity, g)
-                    masked = w * kept
-                    ours = SparseLinear(w, b, kept, block_rows=rows, tile="auto", expected_m=m)
-                    ours8 = Int8SparseLinear(w, b, kept, block_rows=rows)
-                    csr = masked.to_sparse_csr()
-                    lin = nn.Linear(k, n)
-                    with torch.no_grad():
-                        lin.weight.copy_(masked)
-                        lin.bias.copy_(b)
-                    q = torch.ao.quantization.quantize_dynamic(nn.Sequential(lin), {nn.Linear}, dtype=torch.qint8)
-                    with torch.no_grad():
-                        t_dense, t_ours, t_csr, t_q, t_8 = medians(candidates(x, masked, b, ours, csr, q, ours8),
-                                                                   args.repeats)
-                    flops = 2.0 * m * k * n * float(kept.float().mean())
-                    state = "" if ours.fallback_reason is None else " (fallback)"
-                    print(f"{k:4d}->{n:<5d} {m:5d} {pattern:>12s} {sparsity:8.2f} {t_dense * 1e3:9.2f} "
-                          f"{t_ours * 1e3:8.2f} {t_dense / t_ours:7.2f} {flops / t_ours / 1e9:8.0f} "
-                          f"{t_dense / t_csr:6.2f} {t_dense / t_q:9.2f} {t_dense / t_8:7.2f} "
-                          f"{tile_name(ours.tile)}{state}", flush=True)
+            cases = [("dense", 0.0)] + [(p, s) for p in ("32x32", "1x32", "unstructured") for s in sparsities]
+            for pattern, sparsity in cases:
+                kept, rows = pattern_mask(n, k, pattern, sparsity, g)
+                masked = w * kept
+                ours = SparseLinear(w, b, kept, block_rows=rows, tile="auto", expected_m=m)
+                ours8 = Int8SparseLinear(w, b, kept, block_rows=rows)
+                ours4 = Int8SparseLinear(w, b, kept, block_rows=rows, weight_bits=4)
+                csr = masked.to_sparse_csr()
+                lin = nn.Linear(k, n)
+                with torch.no_grad():
+                    lin.weight.copy_(masked)
+                    lin.bias.copy_(b)
+                q = torch.ao.quantization.quantize_dynamic(nn.Sequential(lin), {nn.Linear}, dtype=torch.qint8)
+                with torch.no_grad():
+                    t_dense, t_ours, t_csr, t_q, t_8, t_4 = medians(
+                        candidates(x, masked, b, ours, csr, q, ours8, ours4), args.repeats)
+                flops = 2.0 * m * k * n * float(kept.float().mean())
+                state = "" if ours.fallback_reason is None else " (fallback)"
+                print(f"{k:4d}->{n:<5d} {m:5d} {pattern:>12s} {sparsity:8.2f} {t_dense * 1e3:9.2f} "
+                      f"{t_ours * 1e3:8.2f} {t_dense / t_ours:7.2f} {flops / t_ours / 1e9:8.0f} "
+                      f"{t_dense / t_csr:6.2f} {t_dense / t_q:9.2f} {t_dense / t_8:7.2f} "
+                      f"{t_dense / t_4:7.2f} {ours4.variant:>5s} {tile_name(ours.tile)}{state}", flush=True)
 
 
 if __name__ == "__main__":
