@@ -48,15 +48,18 @@ def dynamic_int8(model: nn.Module) -> nn.Module:
     return torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
 
 
-def tables(model: nn.Module, x: tuple, how: str, sparsity: float, block: tuple[int, int], bits: int | None):
+def tables(model: nn.Module, x: tuple, how: str, sparsity: float, block: tuple[int, int],
+           bits: int | tuple[int, int] | None):
+    """Pruned TeSAs (and bits: one width, or (weight, activation) widths), raw and propagated."""
     g = se.capture(model, x)
     if how == "block":
         t = prune(model, BlockPruneConfig(sparsity=sparsity, block=block), pruner="block", graph=g)
     else:
         t = prune_dependent_norms(g, prune(model, NNIPruneConfig(sparsity=sparsity), pruner=how, graph=g))
     if bits is not None:
-        q = quantize(model, UniformQuantConfig(weight_bits=bits, activation_bits=bits, op_types=("Linear",)),
-                     "uniform", graph=g)
+        weight_bits, act_bits = (bits, bits) if isinstance(bits, int) else bits
+        q = quantize(model, UniformQuantConfig(weight_bits=weight_bits, activation_bits=act_bits,
+                                               op_types=("Linear",)), "uniform", graph=g)
         t = t.merge(q)
     return g, t, se.propagate(g, t)
 
@@ -120,6 +123,8 @@ def main() -> None:
     cases = [
         ("bert-layer 90% 32x32 fp32", lambda: build_model("bert-base"), bert_x, "block", 0.9, (32, 32), None),
         ("bert-layer 90% 32x32 int8", lambda: build_model("bert-base"), bert_x, "block", 0.9, (32, 32), 8),
+        ("bert-layer 90% 32x32 w4a8", lambda: build_model("bert-base"), bert_x, "block", 0.9, (32, 32), (4, 8)),
+        ("bert-layer 90% 1x32 fp32", lambda: build_model("bert-base"), bert_x, "block", 0.9, (1, 32), None),
         ("bert-ffn 90% unstructured fp32", lambda: ffn, bert_x, "block", 0.9, (1, 1), None),
         ("bert-ffn 90% unstructured int8", lambda: ffn, bert_x, "block", 0.9, (1, 1), 8),
         ("bert-ffn 50% unstructured fp32", lambda: ffn, bert_x, "block", 0.5, (1, 1), None),
