@@ -15,6 +15,7 @@ AVX-512 (16 lanes) with -march=native; register tile: R rows x V vectors of M.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,15 +118,19 @@ def plan_groups(kept: np.ndarray, block_rows: int, max_rows: int = R_MAX) -> Gro
     return Groups(as_i(row0), as_i(rows), as_i(seg_ptr), as_i(seg_k0), as_i(seg_len), as_i(w_off))
 
 
-def pack_weights(weight: np.ndarray, kept: np.ndarray, groups: Groups) -> np.ndarray:
-    """Kept weights in kernel order: per group, per segment, per k, the group's rows (pruned -> 0)."""
-    w = np.where(kept, weight, 0.0).astype(np.float32)
-    parts = []
+def segment_blocks(weights: np.ndarray, groups: Groups) -> Iterator[np.ndarray]:
+    """The (rows, k) block of `weights` under each group's segment, in the order kernels read them."""
     for g in range(len(groups.row0)):
         r0, r = int(groups.row0[g]), int(groups.rows[g])
         for s in range(int(groups.seg_ptr[g]), int(groups.seg_ptr[g + 1])):
             k0, length = int(groups.seg_k0[s]), int(groups.seg_len[s])
-            parts.append(w[r0:r0 + r, k0:k0 + length].T.reshape(-1))
+            yield weights[r0:r0 + r, k0:k0 + length]
+
+
+def pack_weights(weight: np.ndarray, kept: np.ndarray, groups: Groups) -> np.ndarray:
+    """Kept weights in kernel order: per group, per segment, per k, the group's rows (pruned -> 0)."""
+    w = np.where(kept, weight, 0.0).astype(np.float32)
+    parts = [block.T.reshape(-1) for block in segment_blocks(w, groups)]
     return np.concatenate(parts) if parts else np.zeros(1, dtype=np.float32)
 
 
@@ -371,6 +376,24 @@ def fp32_driver(name: str, body: str) -> str:
 """
 
 
+def fp32_source(vec: int, cfg: TileConfig, n_in: int, n_out: int, n_chunks: int, specialized: str, driver: str,
+                defines: str = "") -> str:
+    """A whole fp32 kernel source: shape macros, prelude, the pattern's tables and tiles, pack/unpack, driver."""
+    return f"""#define VEC {vec}
+#define TILE ({cfg.tile_vectors} * VEC)
+#define K_IN {n_in}L
+#define N_OUT {n_out}L
+#define N_CHUNKS {n_chunks}L
+{defines}#include <stdlib.h>
+#include <omp.h>
+{_PRELUDE}
+static inline float bias_of(const float *bias, long n) {{ return bias ? bias[n] : 0.0f; }}
+{specialized}
+{UNPACK_TILE}
+{PACK_TILE}
+{driver}"""
+
+
 def pattern_tables(groups: Groups, n_out: int, act: str) -> tuple[str, list[int]]:
     """The constant tables every kernel of a pattern bakes in (groups, segments, empty rows, chunks)."""
     if act not in _ACTIVATIONS:
@@ -417,16 +440,4 @@ def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, n
             }}
 {finish_tile(act)}
 """
-    return f"""#define VEC {vec}
-#define TILE ({cfg.tile_vectors} * VEC)
-#define K_IN {n_in}L
-#define N_OUT {n_out}L
-#define N_CHUNKS {n_chunks}L
-#include <stdlib.h>
-#include <omp.h>
-{_PRELUDE}
-static inline float bias_of(const float *bias, long n) {{ return bias ? bias[n] : 0.0f; }}
-{tables}{tiles}
-{UNPACK_TILE}
-{PACK_TILE}
-{fp32_driver(name, body)}"""
+    return fp32_source(vec, cfg, n_in, n_out, n_chunks, tables + tiles, fp32_driver(name, body))

@@ -31,6 +31,7 @@ from sparta_explore.kernels.bsr_codegen import (
     finish_tile,
     pattern_tables,
     plan_groups,
+    segment_blocks,
 )
 from sparta_explore.kernels.lowbit_codegen import ROWS, U8_PACK, VECTORS, accumulate_steps, u8_tile
 
@@ -86,14 +87,10 @@ def pack_pairs(wq: np.ndarray, groups: Groups) -> np.ndarray:
     wpad = np.zeros((n, k + 1), dtype=np.int32)
     wpad[:, :k] = wq
     parts = []
-    for g in range(len(groups.row0)):
-        r0, r = int(groups.row0[g]), int(groups.rows[g])
-        for s in range(int(groups.seg_ptr[g]), int(groups.seg_ptr[g + 1])):
-            k0, length = int(groups.seg_k0[s]), int(groups.seg_len[s])
-            block = wpad[r0:r0 + r, k0:k0 + length]  # (r, length), length even
-            lo, hi = block[:, 0::2], block[:, 1::2]
-            pairs = (lo & 0xFFFF) | (hi << 16)  # little endian: k even in the low half
-            parts.append(pairs.T.reshape(-1).astype(np.int32))
+    for block in segment_blocks(wpad, groups):  # (r, length), length even
+        lo, hi = block[:, 0::2], block[:, 1::2]
+        pairs = (lo & 0xFFFF) | (hi << 16)  # little endian: k even in the low half
+        parts.append(pairs.T.reshape(-1).astype(np.int32))
     return np.concatenate(parts) if parts else np.zeros(1, dtype=np.int32)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from sparta_explore.fake_quant import qmax
-from sparta_explore.kernels.bsr_codegen import _ACTIVATIONS, Groups
+from sparta_explore.kernels.bsr_codegen import _ACTIVATIONS, Groups, segment_blocks
 
 ROWS = 3  # register tile: 3 rows x 2 vectors x (int16 partial + int32 sum) + 2 x + 1 weight = 15 ymm
 VECTORS = 2
@@ -41,13 +41,8 @@ def pack_quads(wq: np.ndarray, groups: Groups) -> np.ndarray:
     n, k = wq.shape
     wpad = np.zeros((n, k + 3), dtype=np.int8)
     wpad[:, :k] = wq
-    parts = []
-    for g in range(len(groups.row0)):
-        r0, r = int(groups.row0[g]), int(groups.rows[g])
-        for s in range(int(groups.seg_ptr[g]), int(groups.seg_ptr[g + 1])):
-            k0, length = int(groups.seg_k0[s]), int(groups.seg_len[s])
-            block = np.ascontiguousarray(wpad[r0:r0 + r, k0:k0 + length])  # (r, length), length % 4 == 0
-            parts.append(block.view(np.int32).T.reshape(-1))  # little endian: k % 4 == 0 in the low byte
+    parts = [np.ascontiguousarray(block).view(np.int32).T.reshape(-1)  # little endian: k % 4 == 0 in the low byte
+             for block in segment_blocks(wpad, groups)]  # (r, length), length % 4 == 0
     return np.concatenate(parts) if parts else np.zeros(1, dtype=np.int32)
 
 

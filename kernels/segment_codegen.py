@@ -21,14 +21,12 @@ import numpy as np
 
 from sparta_explore.kernels.bsr_codegen import (
     _ACTIVATIONS,
-    _PRELUDE,
     CHUNKS,
-    PACK_TILE,
-    UNPACK_TILE,
     TileConfig,
     _array,
     _segments,
     fp32_driver,
+    fp32_source,
 )
 
 
@@ -226,17 +224,5 @@ def generate_segment_source(plan: SegmentPlan, n_out: int, n_in: int, vec: int, 
             }}
 """
     tiles = "".join(_tile_function(r, cfg.vectors_for(r)) for r in range(1, plan.max_rows + 1))
-    return f"""#define VEC {vec}
-#define TILE ({cfg.tile_vectors} * VEC)
-#define K_IN {n_in}L
-#define N_OUT {n_out}L
-#define N_CHUNKS {len(plan.chunk_n) - 1}L
-#define R_ROWS {plan.max_rows}L
-#include <stdlib.h>
-#include <omp.h>
-{_PRELUDE}
-static inline float bias_of(const float *bias, long n) {{ return bias ? bias[n] : 0.0f; }}
-{tables}{tiles}
-{UNPACK_TILE}
-{PACK_TILE}
-{fp32_driver(name, body)}"""
+    return fp32_source(vec, cfg, n_in, n_out, len(plan.chunk_n) - 1, tables + tiles, fp32_driver(name, body),
+                       f"#define R_ROWS {plan.max_rows}L\n")
