@@ -98,12 +98,8 @@ def plot_accuracy_latency(df: pd.DataFrame, path: str | os.PathLike, *, title: s
     if "target" in df.columns and df["target"].notna().any():
         target = float(df["target"].median())
         ax.axvline(target * dense_ms, color="gray", ls=":", lw=1.2, label=f"latency target ({target:g} x dense)")
-    ax.set_xlabel("measured latency (ms, median)")
-    ax.set_ylabel("test accuracy (compiled model)")
-    ax.set_title(title or "accuracy vs measured latency")
-    ax.grid(True, alpha=0.3)
-    _legend(ax)
-    return _save(fig, path, plt)
+    return _finish(fig, ax, path, plt, "measured latency (ms, median)", "test accuracy (compiled model)",
+                   title or "accuracy vs measured latency")
 
 
 def plot_latency_flops(df: pd.DataFrame, path: str | os.PathLike, *, title: str | None = None) -> Path:
@@ -136,17 +132,23 @@ def plot_latency_flops(df: pd.DataFrame, path: str | os.PathLike, *, title: str 
                     xytext=(6, 6), textcoords="offset points")
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("effective FLOPs / dense FLOPs (nonzero weights only)")
-    ax.set_ylabel("measured latency / dense latency (same trial)")
-    ax.set_title(title or "measured latency vs effective FLOPs")
-    ax.grid(True, alpha=0.3)
-    _legend(ax)
-    return _save(fig, path, plt)
+    return _finish(fig, ax, path, plt, "effective FLOPs / dense FLOPs (nonzero weights only)",
+                   "measured latency / dense latency (same trial)", title or "measured latency vs effective FLOPs")
 
 
 def _legend(ax: Any) -> None:
     # outside the axes: inside, it hides exactly the corner where the interesting trials sit
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, framealpha=0.9)
+
+
+def _finish(fig: Any, ax: Any, path: str | os.PathLike, plt: Any, xlabel: str, ylabel: str, title: str) -> Path:
+    """Labels, grid and legend shared by every plot, then the atomic save."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    _legend(ax)
+    return _save(fig, path, plt)
 
 
 def _save(fig: Any, path: str | os.PathLike, plt: Any) -> Path:
