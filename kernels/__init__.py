@@ -9,9 +9,11 @@ Example:
     >>> layer = SparseLinear(linear.weight, linear.bias, tesa.kept, block_rows=32)  # doctest: +SKIP
 """
 
-from sparta_explore.kernels.build import KernelBuildError, build, cpu_flags, vector_width
+from sparta_explore.kernels.build import KernelBuildError, build, compiler_available, cpu_flags, vector_width
+from sparta_explore.kernels.compiled_op import CompiledOp, KernelGradError, KernelInputError
 from sparta_explore.kernels.shrink import ShrunkLinear
 from sparta_explore.kernels.sparse_linear import Int8SparseLinear, KernelFallbackWarning, KernelLinear, SparseLinear
 
-__all__ = ["Int8SparseLinear", "KernelBuildError", "KernelFallbackWarning", "KernelLinear", "ShrunkLinear",
-           "SparseLinear", "build", "cpu_flags", "vector_width"]
+__all__ = ["CompiledOp", "Int8SparseLinear", "KernelBuildError", "KernelFallbackWarning", "KernelGradError",
+           "KernelInputError", "KernelLinear", "ShrunkLinear", "SparseLinear", "build", "compiler_available",
+           "cpu_flags", "vector_width"]

@@ -4,6 +4,11 @@ The cache key covers the source, the flags, the gcc version and the CPU's flags,
 library built on one machine is never loaded on another with a different ISA. Builds go
 to a temporary file and are renamed into place, so two processes (two NNI trials)
 building the same kernel at once never see a torn library.
+
+Each entry is three files: ``<name>-<key>.c`` (the source that ran, for reading),
+``<name>-<key>.so`` and ``<name>-<key>.json`` (the library's size and SHA-256, written after
+it). A library is loaded only if it matches its record: a truncated or garbage ``.so``
+would crash the process inside `dlopen` (SIGBUS), so a mismatch is rebuilt instead.
 """
 
 from __future__ import annotations
@@ -11,27 +16,69 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import json
 import os
+import shutil
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from sparta_explore.cache import resolve_cache_dir
+from sparta_explore.cache import atomic_write, resolve_cache_dir
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-ffp-contract=fast", "-fno-math-errno")
+COMPILER = "gcc"
 
 
 class KernelBuildError(RuntimeError):
-    """gcc failed; the message carries its first error lines."""
+    """gcc failed (or is missing); the message carries its first error lines."""
+
+
+class CompilerMissingWarning(UserWarning):
+    """No C compiler on PATH: every op runs on PyTorch's own kernels."""
 
 
 @functools.lru_cache(maxsize=1)
-def compiler_version() -> str:
-    """`gcc --version`'s first line, part of every cache key."""
-    out = subprocess.run(["gcc", "--version"], capture_output=True, text=True, check=True)
-    return out.stdout.splitlines()[0]
+def compiler_version() -> str | None:
+    """`gcc --version`'s first line (part of every cache key), or None when gcc is not on PATH.
+
+    Example:
+        >>> compiler_version() is None or compiler_version().startswith("gcc")
+        True
+    """
+    exe = shutil.which(COMPILER)
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, check=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.splitlines()
+    return lines[0] if lines else None
+
+
+def compiler_available() -> bool:
+    """Whether kernels can be built on this machine (gcc on PATH and answering).
+
+    Example:
+        >>> isinstance(compiler_available(), bool)
+        True
+    """
+    return compiler_version() is not None
+
+
+@functools.lru_cache(maxsize=1)
+def warn_compiler_missing() -> None:
+    """Warn, once per process, that no compiler exists and PyTorch's kernels run instead.
+
+    Example:
+        >>> warn_compiler_missing() if not compiler_available() else None
+    """
+    warnings.warn(f"no C compiler: {COMPILER!r} is not on PATH, so no kernel can be built; every op runs on "
+                  "PyTorch's own kernels (dense and channel-shrink). Install gcc to get the sparse kernels",
+                  CompilerMissingWarning, stacklevel=3)
 
 
 @functools.lru_cache(maxsize=1)
@@ -53,18 +100,99 @@ def vector_width() -> int:
 
 @dataclass(frozen=True)
 class BuiltLibrary:
-    """A loaded shared library and where it came from."""
+    """A loaded shared library and where it came from (`lib` is None once pickled)."""
 
-    lib: ctypes.CDLL
+    lib: ctypes.CDLL | None
     path: Path
     key: str
     cached: bool
     build_seconds: float
 
+    @property
+    def source_path(self) -> Path:
+        """The C source this library was built from, kept beside it for reading."""
+        return self.path.with_suffix(".c")
+
+    def detached(self) -> BuiltLibrary:
+        """A picklable copy without the ctypes handle."""
+        return replace(self, lib=None)
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _record_path(path: Path) -> Path:
+    return path.with_suffix(".json")
+
+
+def library_problem(path: Path) -> str | None:
+    """Why the cached library at `path` must not be loaded, or None if it matches its build record.
+
+    Example:
+        >>> library_problem(Path("/nonexistent/k.so"))
+        'missing'
+    """
+    if not path.is_file():
+        return "missing"
+    try:
+        record = json.loads(_record_path(path).read_text())
+        size, digest = int(record["size"]), str(record["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "no valid build record"
+    actual = path.stat().st_size
+    if actual != size:
+        return f"size {actual} bytes, recorded {size}"
+    if _digest(path) != digest:
+        return "checksum differs from its build record"
+    return None
+
+
+def load_library(path: str | os.PathLike) -> ctypes.CDLL:
+    """`ctypes.CDLL(path)` after checking the file against its build record (never dlopen a torn file).
+
+    Raises `KernelBuildError` (naming the file) when it does not match.
+
+    Example:
+        >>> load_library(build("int one(void) { return 1; }", "one").path).one()
+        1
+    """
+    path = Path(path)
+    problem = library_problem(path)
+    if problem is not None:
+        raise KernelBuildError(f"cached kernel library {path} is unusable: {problem}")
+    return ctypes.CDLL(str(path))
+
+
+def _compile(source: str, name: str, flags: tuple[str, ...], folder: Path, path: Path) -> None:
+    exe = shutil.which(COMPILER)
+    if exe is None:
+        raise KernelBuildError(f"cannot build {name}: no C compiler ({COMPILER!r} is not on PATH)")
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        src = Path(tmp) / f"{name}.c"
+        src.write_text(source)
+        out = Path(tmp) / f"{name}.so"
+        proc = subprocess.run([exe, *flags, str(src), "-o", str(out), "-lm"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            first = "\n".join(proc.stderr.strip().splitlines()[:8])
+            raise KernelBuildError(f"gcc failed building {name}: {first}")
+        record = json.dumps({"size": out.stat().st_size, "sha256": _digest(out), "compiler": compiler_version(),
+                             "flags": list(flags)}).encode()
+        os.replace(src, path.with_suffix(".c"))
+        os.replace(out, path)  # atomic: a concurrent builder of the same key writes the same bytes
+        atomic_write(_record_path(path), lambda f: f.write(record))
+
 
 def build(source: str, name: str, *, cache_dir: str | os.PathLike | None = None,
           extra_flags: tuple[str, ...] = ()) -> BuiltLibrary:
     """Compile `source` (C) into a shared library, or load it from the cache.
+
+    A cache entry that does not match its build record (truncated, garbage, no record) is
+    rebuilt with a warning. No compiler raises `KernelBuildError`.
 
     Example:
         >>> lib = build("int add(int a, int b) { return a + b; }", "add").lib
@@ -72,21 +200,20 @@ def build(source: str, name: str, *, cache_dir: str | os.PathLike | None = None,
         5
     """
     flags = FLAGS + tuple(extra_flags)
-    key = hashlib.sha256("\n".join([source, " ".join(flags), compiler_version(),
-                                    " ".join(sorted(cpu_flags()))]).encode()).hexdigest()[:24]
+    cc = compiler_version()
+    if cc is None:
+        raise KernelBuildError(f"cannot build {name}: no C compiler ({COMPILER!r} is not on PATH)")
+    key = hashlib.sha256("\n".join([source, " ".join(flags), cc, " ".join(sorted(cpu_flags()))]).encode()
+                         ).hexdigest()[:24]
     folder = resolve_cache_dir(cache_dir, "kernels")
     path = folder / f"{name}-{key}.so"
     start = time.perf_counter()
-    cached = path.exists()
+    problem = library_problem(path)
+    cached = problem is None
+    if problem not in (None, "missing"):
+        warnings.warn(f"kernel cache entry {path} is corrupt ({problem}): rebuilding it", RuntimeWarning,
+                      stacklevel=2)
     if not cached:
-        with tempfile.TemporaryDirectory(dir=folder) as tmp:
-            src = Path(tmp) / f"{name}.c"
-            src.write_text(source)
-            out = Path(tmp) / f"{name}.so"
-            proc = subprocess.run(["gcc", *flags, str(src), "-o", str(out), "-lm"], capture_output=True, text=True)
-            if proc.returncode != 0:
-                first = "\n".join(proc.stderr.strip().splitlines()[:8])
-                raise KernelBuildError(f"gcc failed building {name}: {first}")
-            os.replace(out, path)  # atomic: a concurrent builder of the same key writes the same bytes
-    lib = ctypes.CDLL(str(path))
+        _compile(source, name, flags, folder, path)
+    lib = load_library(path)
     return BuiltLibrary(lib, path, key, cached, time.perf_counter() - start)

@@ -16,10 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sparta_explore.kernels.compiled_op import CompiledOp
 from sparta_explore.kernels.sparse_linear import _ACT, check_linear_args
 
 
-class DenseLinear(nn.Module):
+class DenseLinear(CompiledOp):
     """act(x W^T + b) with F.linear (MKL); W already masked / fake-quantized by the caller.
 
     Example:
@@ -40,18 +41,20 @@ class DenseLinear(nn.Module):
         """Fraction of the weight that is nonzero (what effective FLOPs count)."""
         return int(torch.count_nonzero(self.weight)) / max(1, self.weight.numel())
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _ACT[self.activation](F.linear(x, self.weight, self.bias))
+    def _fast(self, x: torch.Tensor) -> torch.Tensor:
+        return self.reference(x)
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
-        """Itself: PyTorch's dense op is the reference."""
-        return self.forward(x)
+        """PyTorch's dense op, in `x`'s dtype: it is its own reference."""
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return _ACT[self.activation](F.linear(x, self.weight.to(x.dtype), bias))
 
 
-class ShrunkConv2d(nn.Module):
+class ShrunkConv2d(CompiledOp):
     """A Conv2d over the kept output channels (and, for groups=1, kept input channels) only.
 
-    Pruned output channels hold the bias (or 0), broadcast without compute.
+    Pruned output channels hold the bias (or 0), broadcast without compute. Inputs are
+    batched (N, C, H, W).
 
     Example:
         >>> conv = nn.Conv2d(4, 6, 3, padding=1); kept = torch.ones(6, 4, 3, 3, dtype=torch.bool); kept[2] = False
@@ -61,6 +64,7 @@ class ShrunkConv2d(nn.Module):
 
     def __init__(self, conv: nn.Conv2d, weight: torch.Tensor, kept: torch.Tensor) -> None:
         super().__init__()
+        self.feature_dim, self.input_ndim = 1, (4,)
         if kept.shape != conv.weight.shape:
             raise ValueError(f"kept mask {tuple(kept.shape)} does not match conv weight {tuple(conv.weight.shape)}")
         if conv.padding_mode != "zeros":
@@ -93,7 +97,14 @@ class ShrunkConv2d(nn.Module):
         return tuple((x.shape[2 + i] + 2 * self.padding[i] - self.dilation[i] * (self.kernel_size[i] - 1) - 1)
                      // self.stride[i] + 1 for i in range(2))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def in_features(self) -> int:
+        return self.in_channels
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_channels}->{len(self.cols)}, out={self.out_channels}->{len(self.rows)}"
+
+    def _fast(self, x: torch.Tensor) -> torch.Tensor:
         if self.empty:
             return self.filler.reshape(1, -1, 1, 1).expand(x.shape[0], -1, *self._out_size(x)).clone()
         xs = x if self.all_cols else x.index_select(1, self.cols)
@@ -105,11 +116,11 @@ class ShrunkConv2d(nn.Module):
         return y
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
-        """The full masked convolution."""
-        w = torch.zeros(self.out_channels, self.in_channels // self.groups, *self.kernel_size)
-        w[self.rows.reshape(-1, 1), self.cols.reshape(1, -1)] = self.weight_small
-        return F.conv2d(x, w, self.filler if self.bias_small is not None else None, self.stride, self.padding,
-                        self.dilation, self.groups)
+        """The full masked convolution, in `x`'s dtype."""
+        w = torch.zeros(self.out_channels, self.in_channels // self.groups, *self.kernel_size, dtype=x.dtype)
+        w[self.rows.reshape(-1, 1), self.cols.reshape(1, -1)] = self.weight_small.to(x.dtype)
+        bias = self.filler.to(x.dtype) if self.bias_small is not None else None
+        return F.conv2d(x, w, bias, self.stride, self.padding, self.dilation, self.groups)
 
 
 class DenseConv2d(ShrunkConv2d):
@@ -125,7 +136,7 @@ class DenseConv2d(ShrunkConv2d):
         super().__init__(conv, weight, torch.ones_like(kept, dtype=torch.bool))
 
 
-class SummedParts(nn.Module):
+class SummedParts(CompiledOp):
     """act(sum of sub-operator outputs + b): one op decomposed into parts over disjoint weight elements.
 
     Each part is built without bias and activation; adding in place keeps one output buffer.
@@ -141,6 +152,7 @@ class SummedParts(nn.Module):
         if not parts:
             raise ValueError("SummedParts needs at least one part")
         self.parts = nn.ModuleList(parts)
+        self.exact_grad = all(getattr(p, "exact_grad", True) for p in parts)
         self.activation = activation
         self.out_features, self.in_features = parts[0].out_features, parts[0].in_features
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
@@ -155,10 +167,10 @@ class SummedParts(nn.Module):
         for more in outputs:
             y += more
         if self.bias is not None:
-            y += self.bias
+            y += self.bias.to(y.dtype)
         return _ACT[self.activation](y)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _fast(self, x: torch.Tensor) -> torch.Tensor:
         return self._combine(p(x) for p in self.parts)
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
+from sparta_explore.kernels.compiled_op import CompiledOp
 from sparta_explore.kernels.sparse_linear import _ACT, check_linear_args
 
 
-class ShrunkLinear(nn.Module):
+class ShrunkLinear(CompiledOp):
     """act(x W_kept^T + b) computed as a dense linear over the kept rows and columns only.
 
     Example:
@@ -48,7 +48,7 @@ class ShrunkLinear(nn.Module):
         """Fraction of the full weight that is nonzero (what effective FLOPs count)."""
         return int(torch.count_nonzero(self.weight_small)) / (self.out_features * self.in_features)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _fast(self, x: torch.Tensor) -> torch.Tensor:
         xs = x if self.all_cols else x.index_select(-1, self.cols)
         ys = _ACT[self.activation](F.linear(xs, self.weight_small, self.bias_small))
         if self.all_rows:
@@ -62,7 +62,8 @@ class ShrunkLinear(nn.Module):
                 f"act={self.activation}")
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
-        """The masked dense op (the same PyTorch arithmetic, unshrunk)."""
-        w = torch.zeros(self.out_features, self.in_features)
-        w[self.rows.reshape(-1, 1), self.cols.reshape(1, -1)] = self.weight_small
-        return _ACT[self.activation](F.linear(x, w, self.bias_full))
+        """The masked dense op (the same PyTorch arithmetic, unshrunk), in `x`'s dtype."""
+        w = torch.zeros(self.out_features, self.in_features, dtype=x.dtype)
+        w[self.rows.reshape(-1, 1), self.cols.reshape(1, -1)] = self.weight_small.to(x.dtype)
+        bias = None if self.bias_full is None else self.bias_full.to(x.dtype)
+        return _ACT[self.activation](F.linear(x, w, bias))

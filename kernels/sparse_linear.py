@@ -14,11 +14,11 @@ import warnings
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from sparta_explore.fake_quant import qmax, quantized_linear
 from sparta_explore.kernels.bsr_codegen import TileConfig, V, generate_source, pack_weights, plan_groups
-from sparta_explore.kernels.build import KernelBuildError, build, cpu_flags, vector_width
+from sparta_explore.kernels.build import BuiltLibrary, KernelBuildError, build, cpu_flags, load_library, vector_width
+from sparta_explore.kernels.compiled_op import CompiledOp
 from sparta_explore.kernels.int8_codegen import generate_int8_source, pack_pairs, prepare_groups, quantize_rows
 from sparta_explore.kernels.lowbit_codegen import offset_correction, pack_quads
 from sparta_explore.kernels.segment_codegen import generate_segment_source, pack_segment_weights, plan_segments
@@ -56,11 +56,11 @@ class KernelFallbackWarning(UserWarning):
     """A kernel failed to build or to match its reference; the dense op runs instead."""
 
 
-class KernelLinear(nn.Module):
+class KernelLinear(CompiledOp):
     """Shared life cycle of kernel-backed linears: build, check against `reference`, or fall back.
 
     Subclasses implement `_build(kept, block_rows, cache_dir)` (setting `self._fn`),
-    `_run(x2, y)` and `reference(x)`.
+    `_run(x2, y)` and `reference(x)`. Inputs are checked and dtypes kept as `CompiledOp` says.
     """
 
     kind = "kernel"
@@ -77,6 +77,7 @@ class KernelLinear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         self.density = float(kept.float().mean())
         self.fallback_reason: str | None = None
+        self.built: BuiltLibrary | None = None
         self._fn = None
         if tile == "auto":
             from sparta_explore.kernels.tuning import search
@@ -99,44 +100,50 @@ class KernelLinear(nn.Module):
     def _check(self) -> None:
         g = torch.Generator().manual_seed(0)
         x = torch.randn(2 * self._tile + 3, self.in_features, generator=g)
-        got, want = self.forward(x), self.reference(x)
+        with torch.no_grad():
+            got, want = self._fast(x), self.reference(x)
         tol = 1e-4 * (1 + float(want.abs().max()))
         err = float((got - want).abs().max())
         if not err <= tol:
             raise AssertionError(f"max error {err:.3g} over tolerance {tol:.3g}")
 
     def __getstate__(self) -> dict:
-        # ctypes handles cannot be pickled: keep the library's path and bind it again on load
+        # ctypes handles cannot be pickled: keep the library's record and bind it again on load
         state = self.__dict__.copy()
         state.pop("_fn", None)
-        built = state.pop("built", None)
-        state["_library_path"] = None if built is None or self._fn is None else str(built.path)
+        built = state.get("built")
+        state["built"] = None if built is None else built.detached()
+        state["_bound"] = self._fn is not None
         return state
 
     def __setstate__(self, state: dict) -> None:
-        path = state.pop("_library_path", None)
+        bound = state.pop("_bound", False)
+        state.pop("_library_path", None)  # written by older versions
         super().__setstate__(state)
         self._fn = None
-        if path is None:
+        if not bound or self.built is None:
             return
         try:
-            self._bind(ctypes.CDLL(path))
-        except OSError as e:  # copied to a machine without the cached library
+            self._bind(load_library(self.built.path))
+        except (OSError, KernelBuildError) as e:  # copied to a machine without the cached library
             self.fallback_reason = f"kernel library not loadable after unpickling ({e})"
             warnings.warn(f"{type(self).__name__}: {self.fallback_reason}; running the reference op",
                           KernelFallbackWarning, stacklevel=2)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _fast(self, x: torch.Tensor) -> torch.Tensor:
         if self._fn is None:
             return self.reference(x)
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features).float().contiguous()
+        x2 = x.reshape(-1, self.in_features).contiguous()
         y = torch.empty(x2.shape[0], self.out_features)
         self._run(x2, y)
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
-        state = f"reference fallback ({self.fallback_reason})" if self._fn is None else f"kernel {self.built.key}"
+        if self._fn is None:
+            state = f"reference fallback ({self.fallback_reason})" if self.fallback_reason else "reference (unbound)"
+        else:
+            state = f"kernel {self.built.key}" if self.built is not None else "kernel"
         return (f"in={self.in_features}, out={self.out_features}, density={self.density:.3f}, "
                 f"act={self.activation}, {state}")
 
@@ -148,7 +155,7 @@ class SparseLinear(KernelLinear):
     consecutive output rows share a pattern (the block height; 1 for 1xK or unstructured).
 
     Example:
-        >>> lin = nn.Linear(64, 32)
+        >>> lin = torch.nn.Linear(64, 32)
         >>> kept = torch.rand(32, 64) > 0.9
         >>> sl = SparseLinear(lin.weight, lin.bias, kept, block_rows=1)
         >>> torch.allclose(sl(x := torch.randn(5, 64)), F.linear(x, lin.weight * kept, lin.bias), atol=1e-4)
@@ -176,8 +183,9 @@ class SparseLinear(KernelLinear):
                  None if self.bias is None else self.bias.data_ptr())
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
-        """The masked dense op this kernel must match."""
-        return _ACT[self.activation](F.linear(x, self.weight, self.bias))
+        """The masked dense op this kernel must match, in `x`'s dtype."""
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return _ACT[self.activation](F.linear(x, self.weight.to(x.dtype), bias))
 
 
 class Int8SparseLinear(KernelLinear):
@@ -191,6 +199,8 @@ class Int8SparseLinear(KernelLinear):
     Example:
         >>> q = Int8SparseLinear(lin.weight, lin.bias, kept, block_rows=32)  # doctest: +SKIP
     """
+
+    exact_grad = False  # rounding the input has no useful gradient
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kept: torch.Tensor, *,
                  weight_bits: int = 8, act_bits: int = 8, **kwargs) -> None:
@@ -229,6 +239,9 @@ class Int8SparseLinear(KernelLinear):
                  None if self.bias is None else self.bias.data_ptr())
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
-        """The same quantization in PyTorch (sparta_explore.fake_quant.quantized_linear), then the activation."""
-        y = quantized_linear(x, self.weight, self.bias, weight_bits=self.weight_bits, act_bits=self.act_bits)
-        return _ACT[self.activation](y)
+        """The same quantization in PyTorch (sparta_explore.fake_quant.quantized_linear), then the activation.
+
+        Other float dtypes are quantized from their float32 value; the result comes back in `x`'s dtype.
+        """
+        y = quantized_linear(x.float(), self.weight, self.bias, weight_bits=self.weight_bits, act_bits=self.act_bits)
+        return _ACT[self.activation](y).to(x.dtype)

@@ -86,7 +86,10 @@ def search(weight: torch.Tensor, bias: torch.Tensor | None, kept: torch.Tensor, 
                        "threads": torch.get_num_threads(), "version": TUNING_VERSION})
     path = resolve_cache_dir(cache_dir, "tuning") / f"{key}.json"
     if path.exists():
-        return TileConfig(**json.loads(path.read_text())["best"])
+        try:
+            return TileConfig(**json.loads(path.read_text())["best"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # a torn or foreign cache entry: search again and overwrite it
     x = torch.randn(min(m, 2048), kept.shape[1], generator=torch.Generator().manual_seed(0))
     timings = {}
     for cfg in candidates(kept_np):

@@ -8,7 +8,14 @@ Example:
 
 from sparta_explore.quantizers.calibrate import CalibrationResult, calibrate, calibrate_bits
 from sparta_explore.quantizers.calibrate_config import CalibrationConfig, CalibrationStep
-from sparta_explore.quantizers.calibrate_split import CalibrationData, accuracy_on, calibrate_on_split, calibration_data
+from sparta_explore.quantizers.calibrate_split import (
+    CalibrationData,
+    accuracy_on,
+    calibrate_on_split,
+    calibration_data,
+    flip_rate,
+    held_out_margin,
+)
 from sparta_explore.quantizers.fake_quant_model import FakeQuantOp, fake_quant_model
 from sparta_explore.quantizers.nni_quantizers import NNIQuantConfig
 from sparta_explore.quantizers.registry import (
@@ -24,5 +31,6 @@ from sparta_explore.quantizers.uniform import UniformQuantConfig, uniform_bits
 
 __all__ = ["CalibrationConfig", "CalibrationData", "CalibrationResult", "CalibrationStep", "FakeQuantOp",
            "NNIQuantConfig", "QuantBits", "UniformQuantConfig", "accuracy_on", "bits_to_table", "calibrate",
-           "calibrate_bits", "calibrate_on_split", "calibration_data", "fake_quant_model", "get_quantizer",
+           "calibrate_bits", "calibrate_on_split", "calibration_data", "fake_quant_model", "flip_rate", "get_quantizer",
+           "held_out_margin",
            "parse_quant_dtype", "quantize", "quantizer_names", "register_quantizer", "uniform_bits"]

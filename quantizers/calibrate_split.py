@@ -10,6 +10,12 @@ by comes from one of two places (`val_source`):
   half is the held-out check. Faithful, but each half is small (225 digits: one example is
   0.44 points), so the held-out drop carries that much sampling noise.
 
+What calibration promises: the accuracy drop on the data `eval_fn` scores (the validation
+data) is at most the threshold, exactly, because every accepted step was measured there.
+On data it never saw, the drop differs from the validation drop by sampling noise alone;
+`held_out_margin` bounds that noise (a few standard errors of the difference of two
+sample means), so ``held-out drop <= threshold + margin`` holds with high probability.
+
 Example:
     >>> cd = calibration_data(load_digits_split(), val_source="test")   # doctest: +SKIP
     >>> r = calibrate_on_split(model, None, cd)                        # doctest: +SKIP
@@ -18,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -44,6 +51,38 @@ def accuracy_on(x: torch.Tensor, y: torch.Tensor, batch_size: int = 512) -> Eval
     if len(x) != len(y) or not len(x):
         raise ConfigError(f"accuracy_on needs as many labels as inputs (and at least one), got {len(x)} and {len(y)}")
     return lambda model: evaluate(model, x, y, batch_size=batch_size)
+
+
+def flip_rate(before: torch.nn.Module, after: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Fraction of examples whose correctness differs between two models (the variance of a paired drop).
+
+    Example:
+        >>> flip_rate(torch.nn.Identity(), torch.nn.Identity(), torch.eye(3), torch.tensor([0, 1, 2]))
+        0.0
+    """
+    with torch.no_grad():
+        right = [(m(x).argmax(dim=1) == y) for m in (before, after)]
+    return float((right[0] != right[1]).float().mean()) if len(y) else 0.0
+
+
+def held_out_margin(flips: float, n_val: int, n_held: int, z: float = 3.0) -> float:
+    """How much more than its validation drop a model may lose on held-out data by chance alone.
+
+    Each example's change in correctness is -1, 0 or +1, non-zero with probability `flips`,
+    so the validation and held-out drops (means over `n_val` and `n_held` examples) differ
+    with variance at most ``flips * (1/n_val + 1/n_held)``; the margin is `z` standard
+    deviations of that (z = 3: about one chance in 700 of exceeding it).
+
+    Example:
+        >>> round(held_out_margin(0.02, 225, 225), 4)
+        0.04
+        >>> held_out_margin(0.0, 225, 225)
+        0.0
+    """
+    if n_val < 1 or n_held < 1 or not 0.0 <= flips <= 1.0:
+        raise ConfigError(f"held_out_margin needs n_val, n_held >= 1 and flips in [0, 1], got {n_val}, {n_held}, "
+                          f"{flips}")
+    return z * math.sqrt(flips * (1.0 / n_val + 1.0 / n_held))
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,12 @@
 """Where sparta-explore keeps what it computes once: trained weights, kernels, profiles.
 
-The location is an explicit argument everywhere; this module only supplies the default
-(``~/.cache/sparta-explore``) and an atomic writer, so two processes (two NNI trials)
-writing the same entry never leave a torn file behind.
+The location is an explicit argument everywhere (`cache_dir=`); this module supplies the
+default and an atomic writer, so two processes (two NNI trials) writing the same entry
+never leave a torn file behind.
+
+The default follows the platform convention, so a user or CI can isolate it without
+touching code: ``$SPARTA_EXPLORE_CACHE`` if set, else ``$XDG_CACHE_HOME/sparta-explore``,
+else ``~/.cache/sparta-explore``. These are read when a default is needed, never cached.
 """
 
 from __future__ import annotations
@@ -15,9 +19,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+CACHE_ENV = "SPARTA_EXPLORE_CACHE"
+
 
 def default_cache_dir() -> Path:
-    """The user cache folder for sparta-explore (``~/.cache/sparta-explore``)."""
+    """The user cache folder: ``$SPARTA_EXPLORE_CACHE``, ``$XDG_CACHE_HOME/sparta-explore`` or ``~/.cache/...``.
+
+    Example:
+        >>> default_cache_dir().is_absolute()
+        True
+    """
+    explicit = os.environ.get(CACHE_ENV, "").strip()
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    if xdg and Path(xdg).is_absolute():  # the XDG spec says to ignore a relative path
+        return Path(xdg) / "sparta-explore"
     return Path.home() / ".cache" / "sparta-explore"
 
 

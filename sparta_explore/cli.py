@@ -19,6 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sparta_explore.cli_args import (
+    OneLineParser,
+    bits,
+    block,
+    fraction,
+    grid_block,
+    non_negative_int,
+    port,
+    positive_float,
+    positive_int,
+)
 from sparta_explore.errors import SpartaError
 
 if TYPE_CHECKING:
@@ -45,24 +56,16 @@ def command(name: str, help: str, add_arguments: Callable[[argparse.ArgumentPars
     return add
 
 
-def _block(text: str) -> tuple[int, int]:
-    try:
-        rows, cols = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--block must look like 32x32, got {text!r}") from None
-    return rows, cols
-
-
 def _prune_arguments(p: argparse.ArgumentParser, *, default_model: str = "digits-cnn") -> None:
     p.add_argument("--model", default=default_model, help="embedded model (see `sparta-explore models`)")
     p.add_argument("--pruner", default="l1norm", help="pruner name (level, l1norm, ..., block, nm)")
-    p.add_argument("--sparsity", type=float, default=0.5, help="fraction to prune per layer")
-    p.add_argument("--block", type=_block, default=(32, 32), help="block shape for --pruner block, e.g. 1x32")
+    p.add_argument("--sparsity", type=fraction, default=0.5, help="fraction to prune per layer")
+    p.add_argument("--block", type=block, default=(32, 32), help="block shape for --pruner block, e.g. 1x32")
     p.add_argument("--exclude", nargs="*", default=None,
                    help="modules left dense (default: the classifier head of digits models)")
     p.add_argument("--quantizer", default=None, help="also quantize (uniform, ptq, qat, lsq, dorefa, bnn)")
-    p.add_argument("--bits", type=int, default=8, help="weight/activation bits for --quantizer")
-    p.add_argument("--finetune-epochs", type=int, default=3, help="epochs of mask-respecting fine-tuning")
+    p.add_argument("--bits", type=bits, default=8, help="weight/activation bits for --quantizer")
+    p.add_argument("--finetune-epochs", type=non_negative_int, default=3, help="epochs of mask-respecting fine-tuning")
     p.add_argument("--cache-dir", type=Path, default=None, help="where trained weights are cached")
 
 
@@ -73,12 +76,12 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True,
                    help="also run the small latency sweep (results.csv, Pareto PNGs, report.md)")
     p.add_argument("--sweep-model", default="digits-ffn", help="digits model the sweep compiles and times")
-    p.add_argument("--sweep-sparsity", type=float, nargs="+", default=[0.5, 0.9], help="sweep sparsities")
-    p.add_argument("--sweep-block", type=_grid_block, nargs="+", default=["32x32", "1x1"],
+    p.add_argument("--sweep-sparsity", type=fraction, nargs="+", default=[0.5, 0.9], help="sweep sparsities")
+    p.add_argument("--sweep-block", type=grid_block, nargs="+", default=["32x32", "1x1"],
                    help="block-pruner patterns, e.g. 32x32 1x32 1x1")
-    p.add_argument("--sweep-bits", type=int, nargs="+", default=[32, 8], help="32 (fp32) or 2..8 (int)")
-    p.add_argument("--sweep-batch", type=int, default=None, help="latency batch (default: the model's)")
-    p.add_argument("--sweep-runs", type=int, default=20, help="timed forward calls per latency measurement")
+    p.add_argument("--sweep-bits", type=bits, nargs="+", default=[32, 8], help="32 (fp32) or 2..8 (int)")
+    p.add_argument("--sweep-batch", type=positive_int, default=None, help="latency batch (default: the model's)")
+    p.add_argument("--sweep-runs", type=positive_int, default=20, help="timed forward calls per latency measurement")
 
 
 @command("demo", "prune the digits CNN with NNI and propagate; then sweep, plot and report measured latency",
@@ -150,10 +153,11 @@ def _nni_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", type=Path,
                    help="experiment YAML to run (experiments/*.yml), or an experiment folder "
                         "(<experimentWorkingDirectory>/<id>) to export without running")
-    p.add_argument("--max-trials", type=int, default=None, help="override the config's maxTrialNumber")
-    p.add_argument("--concurrency", type=int, default=None, help="override the config's trialConcurrency")
-    p.add_argument("--port", type=int, default=None, help="manager and web UI port (default: a free one)")
-    p.add_argument("--timeout-min", type=float, default=None, help="stop the experiment after this many minutes")
+    p.add_argument("--max-trials", type=positive_int, default=None, help="override the config's maxTrialNumber")
+    p.add_argument("--concurrency", type=positive_int, default=None, help="override the config's trialConcurrency")
+    p.add_argument("--port", type=port, default=None, help="manager and web UI port (default: a free one)")
+    p.add_argument("--timeout-min", type=positive_float, default=None,
+                   help="stop the experiment after this many minutes")
     p.add_argument("--out", type=Path, default=None,
                    help="results CSV (default: results.csv in the experiment folder)")
 
@@ -184,13 +188,6 @@ def _nni(args: argparse.Namespace) -> int:
     return 0
 
 
-def _grid_block(text: str) -> str | None:
-    if text.lower() in ("default", "none"):
-        return None
-    rows, cols = _block(text)
-    return f"{rows}x{cols}"
-
-
 def _sweep_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("results/sweep"),
                    help="results folder (rows/, results.csv, figures, report.md); rerunning resumes it")
@@ -198,19 +195,20 @@ def _sweep_arguments(p: argparse.ArgumentParser) -> None:
                    help="JSON grid (a dict of axes or a list of points); replaces the axis options below")
     p.add_argument("--model", default="digits-ffn", help="digits model (see `sparta-explore models`)")
     p.add_argument("--pruner", nargs="+", default=["block"], help="pruners (block, nm, l1norm, level, ...)")
-    p.add_argument("--sparsity", type=float, nargs="+", default=[0.5, 0.75, 0.9], help="sparsities")
-    p.add_argument("--block", type=_grid_block, nargs="+", default=["32x32", "1x32"],
+    p.add_argument("--sparsity", type=fraction, nargs="+", default=[0.5, 0.75, 0.9], help="sparsities")
+    p.add_argument("--block", type=grid_block, nargs="+", default=["32x32", "1x32"],
                    help="pruning granularities, e.g. 32x32 1x32 1x1; 'default' = the pruner's own")
-    p.add_argument("--bits", type=int, nargs="+", default=[32, 8], help="32 (fp32) or 2..8 (integer kernels)")
+    p.add_argument("--bits", type=bits, nargs="+", default=[32, 8], help="32 (fp32) or 2..8 (integer kernels)")
     p.add_argument("--scope", nargs="+", default=["layer"], help="layer and/or global sparsity")
     p.add_argument("--quantizer", default="uniform", help="quantizer for bits < 32")
     p.add_argument("--calibrate", action="store_true", help="lower bits further by distillation calibration")
-    p.add_argument("--finetune-epochs", type=int, default=1, help="epochs of mask-respecting fine-tuning")
-    p.add_argument("--batch", type=int, default=None, help="latency batch (default: the model's)")
+    p.add_argument("--finetune-epochs", type=non_negative_int, default=1, help="epochs of mask-respecting fine-tuning")
+    p.add_argument("--batch", type=positive_int, default=None, help="latency batch (default: the model's)")
     p.add_argument("--objective", default="latency", help="objective scored in each row (latency, flops, ...)")
-    p.add_argument("--target", type=float, default=0.5, help="objective target, as a fraction of the dense cost")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--runs", type=int, default=20, help="timed forward calls per latency measurement")
+    p.add_argument("--target", type=positive_float, default=0.5,
+                   help="objective target, as a fraction of the dense cost")
+    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--runs", type=positive_int, default=20, help="timed forward calls per latency measurement")
     p.add_argument("--cache-dir", type=Path, default=None, help="trained weights, kernels and device profile")
     p.add_argument("--quick-profile", action="store_true",
                    help="if this machine has no cached device profile, measure the small one (seconds, coarser "
@@ -221,17 +219,16 @@ def _sweep_arguments(p: argparse.ArgumentParser) -> None:
 @command("sweep", "run a grid of trials (prune, quantize, compile, measure) into a resumable results folder",
          _sweep_arguments)
 def _sweep(args: argparse.Namespace) -> int:
-    import json
-
-    from sparta_explore.explore.sweep import sweep
+    from sparta_explore.explore.sweep import expand_grid, read_grid, sweep
 
     if args.grid is not None:
-        grid = json.loads(args.grid.read_text())
+        grid = read_grid(args.grid)
     else:
         grid = {"model": args.model, "pruner": args.pruner, "scope": args.scope, "block": args.block,
                 "sparsity": args.sparsity, "bits": args.bits, "quantizer": args.quantizer,
                 "calibrate": args.calibrate, "finetune_epochs": args.finetune_epochs, "batch": args.batch,
                 "objective": args.objective, "target": args.target, "seed": args.seed}
+        expand_grid(grid)  # every point checked before any trial runs
     kwargs: dict[str, object] = {"cache_dir": args.cache_dir, "runs": args.runs}
     if args.quick_profile:
         from sparta_explore.device import DeviceProfile
@@ -271,12 +268,21 @@ def _results_folder(path: Path) -> Path:
     return path if path.is_dir() else path.parent
 
 
+def _load_trials(path: Path) -> pd.DataFrame:
+    from sparta_explore.errors import FileFormatError
+    from sparta_explore.explore.sweep import load_results
+
+    df = load_results(path)
+    if df.empty:
+        raise FileFormatError(f"{path} holds no finished trials: nothing to plot or report")
+    return df
+
+
 @command("plot", "draw accuracy-vs-latency Pareto fronts and latency-vs-FLOPs from a results table", _plot_arguments)
 def _plot(args: argparse.Namespace) -> int:
     from sparta_explore.explore.plots import plot_results
-    from sparta_explore.explore.sweep import load_results
 
-    for path in plot_results(load_results(args.results), args.out or _results_folder(args.results)):
+    for path in plot_results(_load_trials(args.results), args.out or _results_folder(args.results)):
         print(f"wrote {path}")
     return 0
 
@@ -284,7 +290,7 @@ def _plot(args: argparse.Namespace) -> int:
 def _report_arguments(p: argparse.ArgumentParser) -> None:
     _results_argument(p)
     p.add_argument("--out", type=Path, default=None, help="markdown file (default: report.md beside the results)")
-    p.add_argument("--target", type=float, default=None,
+    p.add_argument("--target", type=positive_float, default=None,
                    help="cost target as a fraction of dense (default: the one the trials ran with)")
 
 
@@ -293,9 +299,8 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
 def _report(args: argparse.Namespace) -> int:
     from sparta_explore.explore.plots import ACCURACY_LATENCY_PNG, LATENCY_FLOPS_PNG
     from sparta_explore.explore.report import objective_picks, write_report
-    from sparta_explore.explore.sweep import load_results
 
-    df = load_results(args.results)
+    df = _load_trials(args.results)
     out = args.out or _results_folder(args.results) / "report.md"
     images = sorted(p for stem in (ACCURACY_LATENCY_PNG, LATENCY_FLOPS_PNG)
                     for p in out.parent.glob(stem.replace(".png", "*.png")))
@@ -309,7 +314,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every registered sub-command."""
-    parser = argparse.ArgumentParser(prog="sparta-explore", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="sparta-explore", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for cmd in _COMMANDS.values():
         cmd.add_arguments(sub.add_parser(cmd.name, help=cmd.help, description=cmd.help))
@@ -323,10 +328,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         >>> main(["models"])  # doctest: +SKIP
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or a bad argument (2, already said in one line)
+        return int(e.code) if isinstance(e.code, int) else 2
     try:
         return _COMMANDS[args.command].run(args)
-    except (SpartaError, FileNotFoundError) as e:
+    except (SpartaError, OSError) as e:  # bad input or an unreadable / unwritable path: one line, status 2
         print(f"sparta-explore {args.command}: error: {e}", file=sys.stderr)
         return 2
 

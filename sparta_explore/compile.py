@@ -28,11 +28,12 @@ from torch import nn
 from sparta_explore.callable_module import make_callable
 from sparta_explore.device import DeviceProfile, fastest_ms
 from sparta_explore.graph import capture
+from sparta_explore.kernels.build import compiler_available, warn_compiler_missing
 from sparta_explore.lowering import LowerContext, lower
 from sparta_explore.masking import apply_table
 from sparta_explore.plan import Candidate, ExecutionPlan, OpPlan
 from sparta_explore.plan import plan as make_plan
-from sparta_explore.plan.execution_plan import FP32
+from sparta_explore.plan.execution_plan import FP32, ORIGINAL
 from sparta_explore.tesa import TeSA
 
 # Allowed max |compiled - reference| relative to (1 + max |reference|), by the narrowest bits involved:
@@ -147,7 +148,7 @@ def _timed(modules: dict[str, nn.Module], x: torch.Tensor, runs: int) -> dict[st
         return fastest_ms(modules, x, runs)
 
 
-def _choose(op: OpPlan, ctx: LowerContext, x: torch.Tensor, choose: str, runs: int) -> nn.Module:
+def _choose(op: OpPlan, ctx: LowerContext, x: torch.Tensor, choose: str, runs: int) -> nn.Module | None:
     if choose == "predicted":
         best = op.best_predicted()
         order = [best] + ([op.candidate("dense")] if best.name != "dense" else [])
@@ -163,6 +164,12 @@ def _choose(op: OpPlan, ctx: LowerContext, x: torch.Tensor, choose: str, runs: i
         built[candidate.name] = module
         if choose == "predicted":
             break
+    if not built:  # not even dense could run: the op keeps its own (masked) module, never a crash
+        op.chosen = ORIGINAL
+        op.notes.append("no candidate could run: the op's own module runs, masked")
+        warnings.warn(f"op {op.op!r}: no candidate could run; its own module runs, masked", CompileWarning,
+                      stacklevel=3)
+        return None
     op.measured_ms.update(_timed(built, x, runs))  # interleaved: a burst of load hits every candidate alike
     op.chosen = min(built, key=op.measured_ms.get)
     if ctx.tune and any(p.kernel == "sparse" for p in op.candidate(op.chosen).parts):
@@ -241,6 +248,9 @@ def compile(model: nn.Module, table: Mapping[str, TeSA], example_inputs, *, plan
     start = time.perf_counter()
     inputs = _as_tuple(example_inputs)
     graph = capture(model, inputs)
+    if not compiler_available():  # one warning, then PyTorch's own kernels only
+        warn_compiler_missing()
+        kernels = {"dense", "shrink"}
     device = device or DeviceProfile.load_or_measure(cache_dir=cache_dir)
     execution = plan if plan is not None else make_plan(graph, table, device)
     if kernels is not None:
@@ -257,15 +267,18 @@ def compile(model: nn.Module, table: Mapping[str, TeSA], example_inputs, *, plan
             op.notes.append("module called more than once: left as is")
             continue
         ctx = LowerContext(gm.get_submodule(op.target), op.activation, op.m, cache_dir, tune=False)
-        compiled[op.target] = _choose(op, ctx, op_inputs[op.target], choose, runs)
+        module = _choose(op, ctx, op_inputs[op.target], choose, runs)
+        if module is not None:
+            module.label = op.target
+            compiled[op.target] = module
     for op in execution.ops.values():
         if op.target in compiled:
             gm.set_submodule(op.target, compiled[op.target])
             _fuse(gm, op)
     gm.graph.lint()
     gm.recompile()
-    narrowest = min((_narrowest(op.candidate(op.chosen)) for op in execution.ops.values() if op.chosen),
-                    default=FP32)
+    narrowest = min((_narrowest(op.candidate(op.chosen)) for op in execution.ops.values()
+                     if op.chosen and op.chosen != ORIGINAL), default=FP32)
     reference = _reference_model(gm, compiled)
     max_error = _model_error(gm, reference, inputs)
     tol = TOLERANCE[FP32 if narrowest == FP32 else 8]

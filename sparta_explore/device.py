@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -157,7 +158,11 @@ class DeviceProfile:
         key = machine_key(shape)
         path = resolve_cache_dir(cache_dir, "device") / f"{key}.json"
         if path.exists():
-            return cls.from_json(path.read_text())
+            try:
+                return cls.from_json(path.read_text())
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                warnings.warn(f"device profile {path} is unreadable ({type(e).__name__}: {e}); measuring it again",
+                              RuntimeWarning, stacklevel=2)
         profile = measure_profile(shape, key=key, cache_dir=cache_dir)
         atomic_write(path, lambda f: f.write(profile.to_json().encode()))
         return profile
@@ -234,7 +239,8 @@ def measure_profile(shape: ProfileShape, *, key: str = "", cache_dir: str | os.P
     """
     import torch.nn.functional as F
 
-    from sparta_explore.kernels import Int8SparseLinear, SparseLinear, cpu_flags
+    from sparta_explore.kernels import Int8SparseLinear, SparseLinear, compiler_available, cpu_flags
+    from sparta_explore.kernels.build import warn_compiler_missing
     from sparta_explore.kernels.tuning import default_tile
 
     start = time.perf_counter()
@@ -242,17 +248,22 @@ def measure_profile(shape: ProfileShape, *, key: str = "", cache_dir: str | os.P
     n, k, m = shape.out_features, shape.in_features, shape.m
     weight = torch.randn(n, k, generator=gen)
     x = torch.randn(m, k, generator=gen)
-    bits = (INT8, FP32) if "avx2" in cpu_flags() else (FP32,)
+    if not compiler_available():  # PyTorch's dense kernels are all this machine can run
+        warn_compiler_missing()
+        bits, blocks = (FP32,), ()
+    else:
+        bits = (INT8, FP32) if "avx2" in cpu_flags() else (FP32,)
+        blocks = BLOCKS
     builders = {FP32: SparseLinear, INT8: Int8SparseLinear}
     ops, blocks_of = {}, {}
     for b in bits:
-        for block in BLOCKS:
+        for block in blocks:
             kept, blocks_of[(b, *block)] = _block_pattern(shape, block, gen)
             tile = {"tile": default_tile(kept.numpy(), block[0])} if b == FP32 else {}
             ops[(b, *block)] = builders[b](weight, None, kept, block_rows=block[0], cache_dir=cache_dir, check=False,
                                            **tile)
     ops[("dense", FP32)] = lambda t: F.linear(t, weight)
-    if INT8 in bits:
+    if INT8 in bits:  # the int8 kernel with every weight kept: what dense costs at 8 bits
         ops[("dense", INT8)] = Int8SparseLinear(weight, None, torch.ones(n, k, dtype=torch.bool), cache_dir=cache_dir,
                                                 check=False)
     best = fastest_ms(ops, x, shape.repeats)
@@ -260,6 +271,6 @@ def measure_profile(shape: ProfileShape, *, key: str = "", cache_dir: str | os.P
     dense = {b: best[("dense", b)] * 1e6 / (n * k * m) for b in bits}
     tiny = torch.randn(1, 8)
     overhead = fastest_ms({"tiny": lambda t: F.linear(t, torch.ones(8, 8))}, tiny, 50)["tiny"] * 1e3
-    return DeviceProfile(key=key, cpu=cpu_model(), threads=torch.get_num_threads(), bits=bits, blocks=BLOCKS,
+    return DeviceProfile(key=key, cpu=cpu_model(), threads=torch.get_num_threads(), bits=bits, blocks=blocks,
                          block_costs=costs, dense_costs=dense, op_overhead_us=overhead,
                          seconds=time.perf_counter() - start)

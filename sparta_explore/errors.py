@@ -38,3 +38,13 @@ class CaptureError(SpartaError, RuntimeError):
 
 class ConfigError(SpartaError, ValueError):
     """A configuration value is invalid; the message names the key."""
+
+
+class FileFormatError(SpartaError, ValueError):
+    """A file could not be read as what it should be (a TeSA table, a results CSV, a grid, a config).
+
+    The message names the file and what is wrong with it.
+
+    Example:
+        FileFormatError: results/t.npz is not a readable TeSA table: not a zip archive (truncated or not an .npz)
+    """

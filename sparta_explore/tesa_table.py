@@ -13,6 +13,8 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import zipfile
+import zlib
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from pathlib import Path
 
@@ -21,7 +23,7 @@ import pandas as pd
 import torch
 
 from sparta_explore.cache import atomic_write
-from sparta_explore.errors import TeSANameError, TeSAShapeError
+from sparta_explore.errors import FileFormatError, TeSABitsError, TeSANameError, TeSAShapeError
 from sparta_explore.tesa import TeSA
 
 FILE_FORMAT = "sparta-explore.tesa-table"
@@ -175,24 +177,88 @@ class TeSATable(MutableMapping[str, TeSA]):
     def load(cls, path: str | os.PathLike) -> TeSATable:
         """Read a table written by `save`; never unpickles (object arrays are refused).
 
+        Anything that is not such a table (missing, empty, truncated, corrupted, a foreign
+        .npz, a bad header) raises one error type, `FileFormatError`, naming the file and
+        what is wrong.
+
         Example:
             >>> TeSATable.load("table.npz")  # doctest: +SKIP
         """
         path = Path(path)
+        if not path.is_file():
+            raise FileFormatError(f"{path} is not a readable TeSA table: no such file")
         try:
-            with np.load(path, allow_pickle=False) as data:
-                header = json.loads(bytes(data["header"]).decode())
-                if header.get("format") != FILE_FORMAT:
-                    raise ValueError(f"{path} is not a TeSA table (format {header.get('format')!r})")
-                if header.get("version") != FILE_VERSION:
-                    raise ValueError(f"{path}: unsupported TeSA table version {header.get('version')!r}")
-                entries = {name: TeSA(torch.from_numpy(data[f"bits_{i}"].copy()),
-                                      torch.from_numpy(data[f"fmt_{i}"].copy()), name=name)
-                           for i, name in enumerate(header["names"])}
-        except (KeyError, json.JSONDecodeError, OSError) as e:
-            raise ValueError(f"{path} is not a readable TeSA table: {e}") from None
+            header, entries = _read_npz(path)
+        except _NotATable as e:
+            raise FileFormatError(f"{path} is not a readable TeSA table: {e}") from None
+        except FileFormatError:
+            raise
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, KeyError, TypeError,
+                UnicodeDecodeError, AttributeError, RuntimeError) as e:
+            # numpy and zipfile raise many types for torn files; one error names the file
+            raise FileFormatError(f"{path} is not a readable TeSA table: {_why(e)}") from None
         shapes = header.get("shapes")
         try:
             return cls(entries, shapes=None if shapes is None else {k: tuple(v) for k, v in shapes.items()})
-        except TeSAShapeError as e:
-            raise TeSAShapeError(f"{path}: {e}") from None
+        except (TeSAShapeError, TeSANameError, TeSABitsError, TypeError, ValueError) as e:
+            raise FileFormatError(f"{path}: {e}") from None
+
+
+class _NotATable(Exception):
+    """The file was read but is not a TeSA table (header missing or wrong)."""
+
+
+def _why(e: BaseException) -> str:
+    if isinstance(e, zipfile.BadZipFile):
+        return f"not a zip archive, or a truncated one ({e})"
+    if isinstance(e, (zlib.error, EOFError)):
+        return f"compressed data is corrupt or truncated ({type(e).__name__}: {e})"
+    if isinstance(e, UnicodeDecodeError):
+        return "the header is not UTF-8 text"
+    if isinstance(e, ValueError) and "pickle" in str(e):
+        return "not an .npz archive of plain arrays"
+    return f"{type(e).__name__}: {e}"
+
+
+def _read_npz(path: Path) -> tuple[dict, dict[str, TeSA]]:
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if not magic:
+        raise _NotATable("the file is empty")
+    if magic[:2] != b"PK":
+        raise _NotATable("not an .npz archive (no zip signature)")
+    with np.load(path, allow_pickle=False) as data:
+        if not isinstance(data, np.lib.npyio.NpzFile) or "header" not in data.files:
+            raise _NotATable("no 'header' array")
+        raw = data["header"]
+        if raw.dtype != np.uint8 or raw.ndim != 1:
+            raise _NotATable(f"the header is a {raw.dtype} array, not JSON bytes")
+        try:
+            header = json.loads(bytes(raw).decode("utf-8"))
+        except json.JSONDecodeError as e:
+            raise _NotATable(f"the header is not JSON ({e})") from None
+        if not isinstance(header, dict):
+            raise _NotATable(f"the header is a JSON {type(header).__name__}, not an object")
+        if header.get("format") != FILE_FORMAT:
+            raise _NotATable(f"format {header.get('format')!r}, expected {FILE_FORMAT!r}")
+        if header.get("version") != FILE_VERSION:
+            raise _NotATable(f"unsupported TeSA table version {header.get('version')!r} (this reads {FILE_VERSION})")
+        names, shapes = header.get("names"), header.get("shapes")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise _NotATable("the header's 'names' is not a list of strings")
+        if shapes is not None and not (isinstance(shapes, dict) and all(
+                isinstance(v, list) and all(isinstance(d, int) and d >= 0 for d in v) for v in shapes.values())):
+            raise _NotATable("the header's 'shapes' is not a map of name -> list of sizes")
+        entries = {}
+        for i, name in enumerate(names):
+            missing = [k for k in (f"bits_{i}", f"fmt_{i}") if k not in data.files]
+            if missing:
+                raise _NotATable(f"arrays {missing} of tensor {name!r} are missing")
+            bits, fmt = data[f"bits_{i}"], data[f"fmt_{i}"]
+            if bits.dtype != np.uint8 or fmt.dtype != np.uint8:
+                raise _NotATable(f"tensor {name!r} is stored as {bits.dtype}/{fmt.dtype}, expected uint8")
+            try:
+                entries[name] = TeSA(torch.from_numpy(bits.copy()), torch.from_numpy(fmt.copy()), name=name)
+            except (TeSABitsError, TeSAShapeError) as e:
+                raise _NotATable(str(e)) from None
+    return header, entries

@@ -2,8 +2,10 @@
 
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from sparta_explore.cli import main
+from sparta_explore.cli import build_parser, main
 from sparta_explore.tesa_table import TeSATable
 
 
@@ -39,8 +41,9 @@ def test_bad_input_is_one_clear_line(cache_dir, capsys):
     assert len(err) == 1 and "unknown pruner 'magic'" in err[0]
     assert main(["demo", "--quantizer", "fp8", "--cache-dir", str(cache_dir)]) == 2
     assert "unknown quantizer 'fp8'" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["prune", "--block", "3y", "--out", "x.npz"])
+    assert main(["prune", "--block", "3y", "--out", "x.npz"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "argument --block: must look like 32x32, got '3y'" in err[0]
 
 
 def test_listing_commands(capsys):
@@ -68,9 +71,8 @@ def test_demo_sweep_writes_table_plots_and_report(cache_dir, device, tmp_path):
 
 @pytest.mark.parametrize("name", ["sweep", "plot", "report", "demo"])
 def test_new_commands_have_help(name, capsys):
-    with pytest.raises(SystemExit) as e:
-        main([name, "--help"])
-    assert e.value.code == 0 and "usage: sparta-explore " + name in capsys.readouterr().out
+    assert main([name, "--help"]) == 0
+    assert "usage: sparta-explore " + name in capsys.readouterr().out
 
 
 def test_sweep_resumes_then_plot_and_report(cache_dir, device, tmp_path, capsys):
@@ -98,4 +100,95 @@ def test_plot_and_report_of_missing_results_are_one_line(tmp_path, capsys):
     assert main(["plot", str(tmp_path / "nothing")]) == 2
     assert "no results at" in capsys.readouterr().err
     assert main(["sweep", "--sparsity", "1.5", "--out", str(tmp_path)]) == 2
-    assert "sparsity must be in [0, 1)" in capsys.readouterr().err
+    assert "argument --sparsity: must be a number in [0, 1)" in capsys.readouterr().err
+
+
+def _one_line_error(capsys, argv, *needles):
+    assert main(argv) == 2, argv
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert "Traceback" not in captured.err + captured.out
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["sweep", "--runs", "0"], ["argument --runs", "must be >= 1, got 0"]),
+    (["sweep", "--sparsity", "1.5"], ["argument --sparsity"]),
+    (["sweep", "--bits", "12"], ["argument --bits", "2..8"]),
+    (["sweep", "--batch", "-3"], ["argument --batch"]),
+    (["sweep", "--target", "nan"], ["argument --target", "finite"]),
+    (["demo", "--sweep-runs", "0"], ["argument --sweep-runs"]),
+    (["nni", "experiments/latency_guided.yml", "--port", "99999"], ["argument --port", "1..65535"]),
+    (["nni", "experiments/latency_guided.yml", "--max-trials", "0"], ["argument --max-trials"]),
+    (["nni", "experiments/latency_guided.yml", "--timeout-min", "-1"], ["argument --timeout-min"]),
+    (["report", "x.csv", "--target", "0"], ["argument --target"]),
+    (["frobnicate"], ["argument COMMAND"]),
+])
+def test_bad_arguments_fail_before_any_work_in_one_line(capsys, argv, needles):
+    _one_line_error(capsys, argv, *needles)
+
+
+def _write(path, content: bytes):
+    path.write_bytes(content)
+    return str(path)
+
+
+@pytest.mark.parametrize("command, content, needle", [
+    ("summary", b"PK\x03\x04 truncated", "is not a readable TeSA table"),
+    ("summary", b"", "the file is empty"),
+    ("nni", b"\x00\x01\xff\xfe", "not UTF-8"),
+    ("nni", b"", "expected a mapping of fields, got nothing"),
+    ("nni", b"a: [1, 2\n", "is not valid YAML: line 2"),
+    ("nni", b"- 1\n- 2\n", "expected a mapping of fields, got list"),
+    ("nni", b"name: x\nfoo: 1\n", "is not a valid NNI experiment config"),
+    ("plot", b"a,b\n1,2\n", "no column"),
+    ("plot", b"\xff\xfe\x00", "is not a results CSV"),
+    ("report", b"a,b\n1,2\n", "no column"),
+])
+def test_bad_files_are_one_line_naming_the_file(tmp_path, capsys, command, content, needle):
+    name = {"summary": "t.npz", "nni": "exp.yml", "plot": "r.csv", "report": "r.csv"}[command]
+    path = _write(tmp_path / name, content)
+    _one_line_error(capsys, [command, path], name, needle)
+
+
+def test_bad_grid_file_is_refused_before_any_trial(tmp_path, capsys):
+    _one_line_error(capsys, ["sweep", "--grid", _write(tmp_path / "g.json", b"{oops"), "--out", str(tmp_path / "s")],
+                    "g.json", "not a JSON grid")
+    _one_line_error(capsys, ["sweep", "--grid", _write(tmp_path / "g.json", b'{"sparsity": [2.0]}'),
+                             "--out", str(tmp_path / "s")], "g.json", "sparsity")
+    assert not (tmp_path / "s" / "rows").exists() or not list((tmp_path / "s" / "rows").iterdir())
+
+
+def test_an_empty_results_folder_says_so(tmp_path, capsys):
+    (tmp_path / "rows").mkdir()
+    _one_line_error(capsys, ["plot", str(tmp_path)], "no finished trials")
+
+
+@settings(max_examples=200, deadline=None)
+@given(option=st.sampled_from(["--runs", "--sparsity", "--bits", "--batch", "--target", "--seed", "--finetune-epochs",
+                               "--block"]),
+       value=st.one_of(st.text(max_size=8), st.integers(-10**6, 10**6).map(str),
+                       st.floats(allow_nan=True, allow_infinity=True).map(str)))
+def test_fuzzed_option_values_parse_or_fail_in_one_line(option, value):
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            args = build_parser().parse_args(["sweep", option, value])
+        except SystemExit as e:
+            assert e.code == 2
+            lines = err.getvalue().strip().splitlines()
+            assert len(lines) == 1 and f"argument {option}" in lines[0] or "expected one argument" in lines[0]
+            return
+    parsed = getattr(args, option.lstrip("-").replace("-", "_"))
+    parsed = parsed[0] if isinstance(parsed, list) else parsed
+    checks = {"--runs": lambda v: v >= 1, "--batch": lambda v: v >= 1, "--seed": lambda v: v >= 0,
+              "--finetune-epochs": lambda v: v >= 0, "--sparsity": lambda v: 0 <= v < 1,
+              "--bits": lambda v: v == 32 or 2 <= v <= 8, "--target": lambda v: 0 < v < float("inf"),
+              "--block": lambda v: v is None or all(int(s) >= 1 for s in v.split("x"))}
+    assert checks[option](parsed), (option, value, parsed)

@@ -131,3 +131,32 @@ def test_compiled_models_deepcopy(device, cache_dir):
     cm = compile(model, block_table(model, g, 0.9, (1, 32)), (x,), device=device, cache_dir=cache_dir, tune=False)
     twin = copy.deepcopy(cm)
     assert torch.equal(twin(x), cm(x)) and twin.report.equals(cm.report)
+
+
+def test_one_bit_weights_compile_on_the_two_bit_grid(device, cache_dir):
+    # BNN records its +-1 weights as 1 bit; no kernel runs 1 bit, so the plan rounds up to the
+    # 2-bit grid (which holds +-scale exactly) and dense stays a candidate
+    model, x = Net(), torch.randn(16, 64)
+    with torch.no_grad():
+        model.fc1.weight.copy_(torch.sign(model.fc1.weight) * 0.05)
+    table = se.TeSATable({"fc1.weight": se.TeSA.dense(tuple(model.fc1.weight.shape), bits=1)})
+    cm = compile(model, table, (x,), device=device, cache_dir=cache_dir, tune=False)
+    op = next(o for o in cm.plan.ops.values() if o.target == "fc1")
+    assert "dense" in op.measured_ms and op.chosen is not None
+    assert any("2-bit grid" in n for n in op.notes)
+    assert torch.allclose(cm(x), model(x), atol=1e-4)  # binarized weights are exact on the 2-bit grid
+
+
+def test_an_op_no_candidate_can_build_keeps_its_own_module(device, cache_dir, monkeypatch):
+    model, x = Net(), torch.randn(16, 64)
+    table = se.TeSATable({"fc1.weight": se.TeSA.from_mask(torch.rand(96, 64) > 0.5)})
+
+    def broken(candidate, ctx):
+        raise RuntimeError("no kernel today")
+
+    monkeypatch.setattr("sparta_explore.compile.lower", broken)
+    with pytest.warns(CompileWarning, match="no candidate could run"):
+        cm = compile(model, table, (x,), device=device, cache_dir=cache_dir, tune=False)
+    op = next(iter(cm.plan.ops.values()))
+    assert op.chosen == "original" and cm.report["choice"].tolist() == ["original"]
+    assert torch.allclose(cm(x), se.masked_copy(model, table)(x), atol=1e-5)

@@ -48,3 +48,20 @@ def test_json_round_trip_and_cache_hit(device, cache_dir, monkeypatch):
 
 def test_cache_key_depends_on_the_reference_problem():
     assert machine_key(ProfileShape(quick=True)) != machine_key(ProfileShape())
+
+
+def test_a_torn_profile_file_is_measured_again(device, cache_dir, monkeypatch):
+    import sparta_explore.device as device_module
+
+    shape = ProfileShape(quick=True)
+    path = cache_dir / "device" / f"{machine_key(shape)}.json"
+    good = path.read_text()
+    try:
+        path.write_text(good[: len(good) // 2])
+        monkeypatch.setattr(device_module, "measure_profile", lambda shape, key, cache_dir: device)
+        with pytest.warns(RuntimeWarning, match="is unreadable"):
+            again = DeviceProfile.load_or_measure(quick=True, cache_dir=cache_dir)
+        assert again == device
+        assert DeviceProfile.from_json(path.read_text()) == device  # rewritten whole
+    finally:
+        path.write_text(good)

@@ -3,8 +3,11 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sparta_explore import TeSA, TeSANameError, TeSAShapeError, TeSATable
+from sparta_explore.errors import FileFormatError
 
 SHAPES = {"fc1.weight": (4, 3), "fc1.bias": (4,), "relu": (2, 4)}
 
@@ -68,17 +71,75 @@ def test_save_load_round_trip(tmp_path):
 def test_load_refuses_pickled_objects(tmp_path):
     path = tmp_path / "evil.npz"
     np.savez(path, header=np.array([{"code": "run me"}], dtype=object))
-    with pytest.raises(ValueError):
+    with pytest.raises(FileFormatError, match="evil.npz"):
         TeSATable.load(path)
 
 
 def test_load_refuses_foreign_npz(tmp_path):
     path = tmp_path / "other.npz"
     np.savez(path, header=np.frombuffer(b'{"format": "something"}', dtype=np.uint8))
-    with pytest.raises(ValueError, match="not a TeSA table"):
+    with pytest.raises(FileFormatError, match="other.npz is not a readable TeSA table: format 'something'"):
         TeSATable.load(path)
 
 
 def test_load_of_missing_file_names_the_path(tmp_path):
-    with pytest.raises(ValueError, match="missing.npz"):
+    with pytest.raises(FileFormatError, match="missing.npz is not a readable TeSA table: no such file"):
         TeSATable.load(tmp_path / "missing.npz")
+
+
+def _saved(tmp_path) -> bytes:
+    t = TeSATable.dense_for(SHAPES)
+    t["fc1.weight"] = TeSA.from_mask(torch.tensor([[1, 0, 1], [0, 1, 1], [1, 1, 0], [0, 0, 1]]), bits=8)
+    return t.save(tmp_path / "good.npz").read_bytes()
+
+
+def _header_npz(path, header: bytes) -> None:
+    np.savez(path, header=np.frombuffer(header, dtype=np.uint8))
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda blob, p: p.write_bytes(blob[: len(blob) // 2]), "truncated"),
+    (lambda blob, p: p.write_bytes(b""), "the file is empty"),
+    (lambda blob, p: p.write_bytes(bytes(range(256)) * 4), "no zip signature"),
+    (lambda blob, p: p.write_bytes(blob[:200] + bytes([blob[200] ^ 0xFF]) + blob[201:]), "is not a readable"),
+    (lambda blob, p: _header_npz(p, b"[1, 2]"), "JSON list, not an object"),
+    (lambda blob, p: _header_npz(p, b"\xff\xfe\x00"), "not UTF-8"),
+    (lambda blob, p: _header_npz(p, b"{not json"), "not JSON"),
+    (lambda blob, p: _header_npz(p, b'{"format": "sparta-explore.tesa-table", "version": 1, "names": 3}'),
+     "'names' is not a list"),
+    (lambda blob, p: _header_npz(p, b'{"format": "sparta-explore.tesa-table", "version": 1, "names": ["a"]}'),
+     "arrays ['bits_0', 'fmt_0'] of tensor 'a' are missing"),
+    (lambda blob, p: _header_npz(p, b'{"format": "sparta-explore.tesa-table", "version": 9, "names": []}'),
+     "unsupported TeSA table version 9"),
+])
+def test_every_broken_file_is_one_error_naming_it(tmp_path, damage, why):
+    path = tmp_path / "broken.npz"
+    damage(_saved(tmp_path), path)
+    with pytest.raises(FileFormatError, match="broken.npz") as info:
+        TeSATable.load(path)
+    assert why in str(info.value)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzzed_files_load_or_fail_with_the_one_error(tmp_path, data):
+    blob = bytearray(_saved(tmp_path))
+    for _ in range(data.draw(st.integers(1, 8))):  # flip, cut or insert bytes anywhere
+        op = data.draw(st.sampled_from(["flip", "cut", "insert"]))
+        i = data.draw(st.integers(0, len(blob) - 1))
+        if op == "flip":
+            blob[i] ^= data.draw(st.integers(1, 255))
+        elif op == "cut":
+            del blob[i:i + data.draw(st.integers(1, 64))]
+        else:
+            blob[i:i] = data.draw(st.binary(min_size=1, max_size=16))
+        if not blob:
+            break
+    path = tmp_path / "fuzzed.npz"
+    path.write_bytes(bytes(blob))
+    try:
+        table = TeSATable.load(path)
+    except FileFormatError as e:
+        assert "fuzzed.npz" in str(e)
+    else:  # a mutation the zip format does not check (padding, a comment) may leave a valid table
+        assert set(table) <= set(SHAPES)

@@ -34,7 +34,7 @@ from typing import Any
 
 import pandas as pd
 
-from sparta_explore.errors import ConfigError, SpartaError
+from sparta_explore.errors import ConfigError, FileFormatError, SpartaError
 
 NNI_COLUMNS = ("nni_experiment", "nni_trial", "nni_sequence", "nni_parameter_id", "nni_status",
                "nni_params_matched", "nni_params")
@@ -76,6 +76,8 @@ class ExperimentRun:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value}")
+        if self.port is not None and not 1 <= self.port <= 65535:
+            raise ConfigError(f"port must be in 1..65535, got {self.port}")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise ConfigError(f"timeout_s must be > 0, got {self.timeout_s}")
         if self.poll_s <= 0 or self.stall_s <= 0:
@@ -117,6 +119,60 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def check_config_file(path: str | os.PathLike) -> Any:
+    """NNI's ExperimentConfig of the YAML at `path`, validated; one clear error naming the file otherwise.
+
+    Refuses what is not an NNI experiment config (binary, empty, invalid YAML, not a mapping,
+    unknown fields, a config NNI's own validation rejects) with `FileFormatError` /
+    `ConfigError`, before anything is started.
+
+    Example:
+        >>> check_config_file("experiments/latency_guided.yml").trial_concurrency  # doctest: +SKIP
+        2
+    """
+    import yaml
+    from nni.experiment.config import ExperimentConfig
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no experiment config at {path}")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise FileFormatError(f"{path} is not an NNI experiment config: not UTF-8 text") from None
+    try:
+        content = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise FileFormatError(f"{path} is not valid YAML: {where}{getattr(e, 'problem', None) or e}") from None
+    if not isinstance(content, dict) or not content:
+        raise FileFormatError(f"{path} is not an NNI experiment config: expected a mapping of fields, "
+                              f"got {'nothing' if content is None else type(content).__name__}")
+    try:
+        config = ExperimentConfig.load(str(path))
+        config.canonical_copy()  # NNI validates types and required fields here
+    except Exception as e:  # NNI raises AttributeError, TypeError, ValueError... for bad configs
+        raise ConfigError(f"{path} is not a valid NNI experiment config: {type(e).__name__}: "
+                          f"{' '.join(str(e).split())}") from None
+    return config
+
+
+def port_is_free(port: int) -> bool:
+    """Whether nothing listens on 127.0.0.1:`port` right now (checked before NNI starts).
+
+    Example:
+        >>> port_is_free(free_port())
+        True
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def load_config(run: ExperimentRun) -> Any:
     """The NNI ExperimentConfig of `run.config` (paths resolved against the YAML's folder), overridden.
 
@@ -125,12 +181,8 @@ def load_config(run: ExperimentRun) -> Any:
         >>> cfg.max_trial_number, cfg.trial_concurrency  # doctest: +SKIP
         (2, 2)
     """
-    from nni.experiment.config import ExperimentConfig
-
     path = Path(run.config)
-    if not path.is_file():
-        raise FileNotFoundError(f"no experiment config at {path}")
-    config = ExperimentConfig.load(str(path))
+    config = check_config_file(path)
     if run.max_trials is not None:
         config.max_trial_number = run.max_trials
     if run.concurrency is not None:
@@ -158,6 +210,8 @@ def run_experiment(run: ExperimentRun | str | os.PathLike, *, out: str | os.Path
     run = run if isinstance(run, ExperimentRun) else ExperimentRun(run)
     say = echo or (lambda line: None)
     config = load_config(run)
+    if run.port is not None and not port_is_free(run.port):
+        raise ConfigError(f"port {run.port} is in use; choose another --port or leave it out for a free one")
     target = config.max_trial_number
     experiment = Experiment(config)
     directory = Path(config.canonical_copy().experiment_working_directory) / experiment.id
@@ -252,11 +306,15 @@ def export_trials(directory: str | os.PathLike) -> pd.DataFrame:
     from sparta_explore.explore.trial import ROW_COLUMNS
 
     directory = Path(directory)
-    with sqlite3.connect(f"file:{_database(directory)}?mode=ro", uri=True) as db:
-        events = db.execute("SELECT trialJobId, event, data, sequenceId FROM TrialJobEvent "
-                            "ORDER BY timestamp").fetchall()
-        finals = db.execute("SELECT trialJobId, parameterId, data FROM MetricData WHERE type = 'FINAL' "
-                            "ORDER BY timestamp").fetchall()
+    database = _database(directory)
+    try:
+        with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as db:
+            events = db.execute("SELECT trialJobId, event, data, sequenceId FROM TrialJobEvent "
+                                "ORDER BY timestamp").fetchall()
+            finals = db.execute("SELECT trialJobId, parameterId, data FROM MetricData WHERE type = 'FINAL' "
+                                "ORDER BY timestamp").fetchall()
+    except sqlite3.DatabaseError as e:
+        raise FileFormatError(f"{database} is not a readable NNI database: {e}") from None
     status: dict[str, str] = {}
     recorded: dict[str, Any] = {}
     sequence: dict[str, int] = {}

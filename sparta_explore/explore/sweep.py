@@ -24,6 +24,7 @@ import itertools
 import json
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from typing import Any
 import pandas as pd
 
 from sparta_explore.cache import atomic_write
-from sparta_explore.errors import ConfigError
+from sparta_explore.errors import ConfigError, FileFormatError
 from sparta_explore.explore.params import TrialParams
 from sparta_explore.explore.trial import ROW_COLUMNS, TrialResult, run_trial
 
@@ -39,6 +40,9 @@ Grid = Mapping[str, Any] | Sequence[Mapping[str, Any] | TrialParams]
 TrialFn = Callable[[TrialParams], "TrialResult | Mapping[str, Any]"]
 ROWS = "rows"
 RESULTS_CSV = "results.csv"
+# what plots and reports read from every row: a CSV without them is not a results table
+RESULT_COLUMNS = ("model", "batch", "accuracy", "dense_accuracy", "latency_ms", "dense_latency_ms", "dense_flops",
+                  "effective_flops")
 
 
 def expand_grid(grid: Grid, base: Mapping[str, Any] | TrialParams | None = None) -> list[TrialParams]:
@@ -63,6 +67,34 @@ def expand_grid(grid: Grid, base: Mapping[str, Any] | TrialParams | None = None)
     return list(out.values())
 
 
+def read_grid(path: str | os.PathLike) -> Grid:
+    """A grid from a JSON file (a dict of axes or a list of points), checked: every point must be valid.
+
+    Example:
+        >>> import tempfile
+        >>> p = Path(tempfile.mkdtemp()) / "g.json"; _ = p.write_text('{"sparsity": [0.5, 0.9]}')
+        >>> len(expand_grid(read_grid(p)))
+        2
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no grid file at {path}")
+    try:
+        grid = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise FileFormatError(f"{path} is not a JSON grid: not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise FileFormatError(f"{path} is not a JSON grid: {e}") from None
+    if not isinstance(grid, (dict, list)) or not grid:
+        raise FileFormatError(f"{path} is not a grid: expected a non-empty dict of axes or list of points, "
+                              f"got {json.dumps(grid)[:40]}")
+    try:
+        expand_grid(grid)
+    except (ConfigError, TypeError, ValueError) as e:
+        raise ConfigError(f"{path}: {e}") from None
+    return grid
+
+
 def _axis(name: str, values: Any) -> list[dict[str, Any]]:
     choices = values if isinstance(values, list) else [values]
     if not choices:
@@ -81,10 +113,51 @@ def _row_of(result: TrialResult | Mapping[str, Any], params: TrialParams) -> dic
     return row
 
 
+class CorruptRowWarning(UserWarning):
+    """A row file of a sweep folder was unreadable and was set aside; its trial runs again."""
+
+
+def _row_problem(path: Path) -> tuple[str, dict[str, Any] | None]:
+    try:
+        record = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return f"{type(e).__name__}: {e}", None
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not a row record", None
+    if record.get("key") != path.stem:
+        return f"its key {record.get('key')!r} is not its file name", None
+    if not isinstance(record.get("row"), dict):
+        return "no 'row' object", None
+    return "", record
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a bad file to ``<name>.bad`` (``.bad1``, ... if taken) so nothing reads it again; returns the new path.
+
+    Example:
+        >>> import tempfile
+        >>> p = Path(tempfile.mkdtemp()) / "k.json"; _ = p.write_text("{")
+        >>> set_aside(p).name, p.exists()
+        ('k.json.bad', False)
+    """
+    for i in range(1000):
+        target = path.with_name(path.name + (".bad" if i == 0 else f".bad{i}"))
+        if not target.exists():
+            os.replace(path, target)
+            return target
+    raise FileExistsError(f"cannot set {path} aside: {path.name}.bad .. .bad999 all exist")
+
+
 def _read_rows(folder: Path) -> dict[str, dict[str, Any]]:
+    """Every readable row of `folder/rows`; an unreadable one is set aside with a warning (its trial reruns)."""
     rows = {}
     for path in sorted((folder / ROWS).glob("*.json")):
-        record = json.loads(path.read_text())
+        problem, record = _row_problem(path)
+        if record is None:
+            moved = set_aside(path)
+            warnings.warn(f"sweep row {path} is unreadable ({problem}); moved to {moved.name}, its trial will run "
+                          "again", CorruptRowWarning, stacklevel=3)
+            continue
         rows[record["key"]] = record["row"]
     return rows
 
@@ -112,7 +185,14 @@ def load_results(path: str | os.PathLike) -> pd.DataFrame:
         path = path / RESULTS_CSV
     if not path.exists():
         raise FileNotFoundError(f"no results at {path} (expected a sweep folder or a results CSV)")
-    return _frame(pd.read_csv(path, keep_default_na=True).to_dict("records"))
+    try:
+        df = pd.read_csv(path, keep_default_na=True)
+    except (UnicodeDecodeError, ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        raise FileFormatError(f"{path} is not a results CSV: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    missing = [c for c in RESULT_COLUMNS if c not in df.columns]
+    if missing:
+        raise FileFormatError(f"{path} is not a results table of sparta-explore: no column(s) {missing}")
+    return _frame(df.to_dict("records"))
 
 
 def write_csv(df: pd.DataFrame, path: str | os.PathLike) -> Path:

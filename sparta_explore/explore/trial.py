@@ -307,6 +307,10 @@ def run_trial(params: TrialParams | Mapping[str, Any], *, cache_dir: str | os.Pa
     from sparta_explore.quantizers import get_quantizer, quantize
     from sparta_explore.zoo import TrainConfig, evaluate, load_digits_split, pretrained, train
 
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+        raise ConfigError(f"runs must be an int >= 1 (timed calls per latency measurement), got {runs!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ConfigError(f"warmup must be an int >= 0, got {warmup!r}")
     start = time.perf_counter()
     say = echo or (lambda line: None)
     params = TrialParams.from_dict(params)

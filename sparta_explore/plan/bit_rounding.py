@@ -18,6 +18,25 @@ from dataclasses import dataclass, field
 
 import torch
 
+MIN_GRID_BITS = 2  # the narrowest symmetric integer grid the kernels run (levels -1, 0, 1)
+
+
+def floor_bits(bits: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """Kept widths below the narrowest grid raised to it (1 -> 2); whether anything was raised.
+
+    A 1-bit TeSA (BNN's +-1 weights) has no symmetric grid with a zero; the 2-bit grid holds
+    +-scale exactly, so rounding up keeps binarized weights as they are.
+
+    Example:
+        >>> b, raised = floor_bits(torch.tensor([0, 1, 8], dtype=torch.uint8))
+        >>> b.tolist(), raised
+        ([0, 2, 8], True)
+    """
+    low = (bits > 0) & (bits < MIN_GRID_BITS)
+    if not bool(low.any()):
+        return bits, False
+    return torch.where(low, torch.tensor(MIN_GRID_BITS, dtype=bits.dtype), bits), True
+
 
 def round_bits(bits: torch.Tensor, widths: Sequence[int]) -> torch.Tensor:
     """Each element's bits rounded up to the narrowest of `widths` holding it; 0 (pruned) stays 0.

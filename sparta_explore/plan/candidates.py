@@ -99,8 +99,13 @@ def _sub_ops(cover: Cover, kernel: str, weight_bits: int, act_bits: int) -> list
 
 
 def sparse_candidates(info: OpInfo, device: DeviceProfile) -> list[Candidate]:
-    """Per bit option: one kernel with the best single block shape, and the weighted block cover."""
-    out = []
+    """Per bit option: one kernel with the best single block shape, and the weighted block cover.
+
+    None when the device runs no block kernels (no compiler on this machine).
+    """
+    out: list[Candidate] = []
+    if not device.blocks:
+        return out
     overhead = device.op_overhead_us / 1e3
     int8_ok = INT8 in device.bits and info.act_bits <= INT8
     for option in bit_options(info.bits, device.bits):

@@ -21,6 +21,7 @@ import torch
 
 Block = tuple[int, int]
 FP32 = 32
+ORIGINAL = "original"  # `OpPlan.chosen` when no candidate could run and the op's own module stays
 
 
 @dataclass(frozen=True)
@@ -116,11 +117,16 @@ class ExecutionPlan:
         """
         rows = []
         for p in self.ops.values():
-            choice = p.candidate(p.chosen) if p.chosen else p.best_predicted()
+            if p.chosen == ORIGINAL:
+                choice = Candidate(ORIGINAL, (), p.dense_predicted_ms)
+                parts, bits = "the op's own module, masked", "32"
+            else:
+                choice = p.candidate(p.chosen) if p.chosen else p.best_predicted()
+                parts, bits = choice.describe(), choice.bits
             rows.append({
                 "op": p.op, "kind": p.kind, "shape": "x".join(map(str, p.shape)), "m": p.m,
-                "density": round(p.density, 4), "choice": choice.name, "parts": choice.describe(),
-                "bits": choice.bits, "pred_ms": round(choice.predicted_ms, 4),
+                "density": round(p.density, 4), "choice": choice.name, "parts": parts,
+                "bits": bits, "pred_ms": round(choice.predicted_ms, 4),
                 "meas_ms": round(p.measured_ms[choice.name], 4) if choice.name in p.measured_ms else None,
                 "dense_ms": round(p.measured_ms["dense"], 4) if "dense" in p.measured_ms else None,
                 "dense_pred_ms": round(p.dense_predicted_ms, 4), "fused": p.activation,

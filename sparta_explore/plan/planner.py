@@ -22,6 +22,7 @@ from torch import nn
 
 from sparta_explore.device import INT8, DeviceProfile
 from sparta_explore.graph import Graph
+from sparta_explore.plan.bit_rounding import MIN_GRID_BITS, floor_bits
 from sparta_explore.plan.candidates import CANDIDATES, OpInfo
 from sparta_explore.plan.execution_plan import FP32, ExecutionPlan, OpPlan
 from sparta_explore.tesa import TeSA
@@ -64,7 +65,7 @@ def _act_bits(table: Mapping[str, TeSA], graph: Graph, node: fx.Node) -> int:
         return FP32
     kept = tesa.kept_bits()
     top = max(kept) if kept else FP32
-    return top if top <= INT8 else FP32
+    return max(top, MIN_GRID_BITS) if top <= INT8 else FP32
 
 
 def _rows(graph: Graph, node: fx.Node, kind: str, out_features: int) -> int:
@@ -99,13 +100,15 @@ def plan(graph: Graph, table: Mapping[str, TeSA], device: DeviceProfile | None =
         tesa.check_fits(module.weight.shape, weight_name)
         out_features = module.weight.shape[0]
         kept = tesa.kept.reshape(out_features, -1)
-        info = OpInfo(node.name, kind, kept, tesa.bits.reshape(out_features, -1),
-                      _rows(graph, node, kind, out_features), act_bits, getattr(module, "groups", 1))
+        bits, raised = floor_bits(tesa.bits.reshape(out_features, -1))
+        info = OpInfo(node.name, kind, kept, bits, _rows(graph, node, kind, out_features), act_bits,
+                      getattr(module, "groups", 1))
         activation, act_node = _fusable(graph, node) if kind == "linear" else ("none", None)
         candidates = CANDIDATES.get(kind)(info, device)
         ops[node.name] = OpPlan(
             op=node.name, target=str(node.target), kind=kind, weight=weight_name, shape=tuple(module.weight.shape),
             m=info.m, density=float(kept.float().mean()), weight_bits=max(tesa.kept_bits(), default=0),
             act_bits=act_bits, activation=activation, activation_node=act_node, candidates=candidates,
-            dense_predicted_ms=candidates[0].predicted_ms)
+            dense_predicted_ms=candidates[0].predicted_ms,
+            notes=[f"weights below {MIN_GRID_BITS} bits run on the {MIN_GRID_BITS}-bit grid"] if raised else [])
     return ExecutionPlan(ops, device.key)

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from sparta_explore.cli import main as cli_main
+from sparta_explore.errors import ConfigError, FileFormatError
 from sparta_explore.explore.nni_experiment import (
     NNI_COLUMNS,
     ExperimentRun,
@@ -135,6 +136,29 @@ def test_cli_exports_an_experiment_folder(tmp_path, capsys):
     assert cli_main(["nni", str(folder)]) == 0
     assert "trials {'SUCCEEDED': 2, 'FAILED': 1}, 2 rows" in capsys.readouterr().out
     assert load_results(folder / "results.csv")["nni_trial"].tolist() == ["AAAAA", "BBBBB"]
+
+
+def test_a_busy_port_is_refused_before_nni_starts(tmp_path, monkeypatch):
+    import socket
+
+    started = []
+    monkeypatch.setattr("nni.experiment.Experiment.start", lambda self, *a, **k: started.append(a))
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"port {port} is in use"):
+            run_experiment(ExperimentRun(EXPERIMENTS / "latency_guided.yml", port=port), echo=None)
+    assert not started
+    with pytest.raises(ConfigError, match="port must be in 1..65535"):
+        ExperimentRun(EXPERIMENTS / "latency_guided.yml", port=99999)
+
+
+def test_a_corrupt_nni_database_is_one_error(tmp_path):
+    (tmp_path / "db").mkdir()
+    (tmp_path / "db" / "nni.sqlite").write_bytes(b"not a database at all" * 100)
+    with pytest.raises(FileFormatError, match="nni.sqlite is not a readable NNI database"):
+        export_trials(tmp_path)
 
 
 # ---- real experiments ---------------------------------------------------------------

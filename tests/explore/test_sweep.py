@@ -9,9 +9,9 @@ import textwrap
 import pandas as pd
 import pytest
 
-from sparta_explore.errors import ConfigError
+from sparta_explore.errors import ConfigError, FileFormatError
 from sparta_explore.explore.params import TrialParams
-from sparta_explore.explore.sweep import expand_grid, load_results, sweep
+from sparta_explore.explore.sweep import CorruptRowWarning, expand_grid, load_results, read_grid, set_aside, sweep
 from sparta_explore.explore.trial import ROW_COLUMNS
 
 from .conftest import GRID, synthetic_result
@@ -124,3 +124,64 @@ def test_trial_kwargs_only_with_the_default_trial(tmp_path, fake_trial):
 def test_load_results_of_nothing_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no results"):
         load_results(tmp_path)
+
+
+@pytest.mark.parametrize("damage", [
+    lambda p: p.write_bytes(p.read_bytes()[:30]),   # truncated
+    lambda p: p.write_text("{}"),                    # no key, no row
+    lambda p: p.write_bytes(b""),                    # empty
+    lambda p: p.write_bytes(b"\xff\xfe\x00\x01"),    # not UTF-8
+    lambda p: p.write_text("[1, 2]"),                # JSON, not a record
+    lambda p: p.write_text(json.dumps({"key": "someone-else", "row": {}})),  # not its own key
+])
+def test_a_corrupt_row_is_set_aside_and_its_trial_reruns(tmp_path, fake_trial, damage):
+    out = tmp_path / "s"
+    sweep(GRID, out, trial_fn=fake_trial, progress=False)
+    rows = sorted((out / "rows").glob("*.json"))
+    victim, others = rows[3], {p.name: p.read_bytes() for p in rows if p != rows[3]}
+    damage(victim)
+    with pytest.warns(CorruptRowWarning, match=victim.name):
+        df = load_results(out)  # what plot and report read
+    assert len(df) == len(rows) - 1
+    assert (out / "rows" / f"{victim.name}.bad").exists() and not victim.exists()
+    fake_trial.calls.clear()
+    df = sweep(GRID, out, trial_fn=fake_trial, progress=False)
+    assert len(fake_trial.calls) == 1 and fake_trial.calls[0].key == victim.stem  # only the lost trial reruns
+    assert len(df) == len(rows) and df["key"].is_unique
+    assert all((out / "rows" / name).read_bytes() == blob for name, blob in others.items())  # nothing else touched
+
+
+def test_a_second_bad_copy_does_not_overwrite_the_first(tmp_path):
+    path = tmp_path / "k.json"
+    path.write_text("{")
+    first = set_aside(path)
+    path.write_text("[")
+    second = set_aside(path)
+    assert (first.name, second.name) == ("k.json.bad", "k.json.bad1")
+    assert first.read_text() == "{" and second.read_text() == "["
+
+
+@pytest.mark.parametrize("content, match", [
+    (b"\xff\xfe", "not UTF-8"),
+    (b"{", "not a JSON grid"),
+    (b"[]", "expected a non-empty"),
+    (b'{"spasity": [0.5]}', "unknown trial parameter 'spasity'"),
+])
+def test_grid_files_are_checked_before_any_trial(tmp_path, content, match):
+    path = tmp_path / "grid.json"
+    path.write_bytes(content)
+    with pytest.raises((ConfigError, FileFormatError), match=match) as info:
+        read_grid(path)
+    assert "grid.json" in str(info.value)
+
+
+@pytest.mark.parametrize("content, match", [
+    (b"\xff\xfe\x00x", "not a results CSV"),
+    (b"a,b\n1,2\n", "no column"),
+    (b"", "not a results CSV"),
+])
+def test_a_csv_that_is_not_a_results_table_is_one_error(tmp_path, content, match):
+    path = tmp_path / "r.csv"
+    path.write_bytes(content)
+    with pytest.raises(FileFormatError, match=match):
+        load_results(path)

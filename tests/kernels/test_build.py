@@ -1,10 +1,21 @@
-"""The build cache: content-keyed, atomic under concurrent builders, clear on gcc errors."""
+"""The build cache: content-keyed, atomic under concurrent builders, validated on load, clear without gcc."""
 
 import multiprocessing as mp
+from pathlib import Path
 
 import pytest
 
-from sparta_explore.kernels.build import KernelBuildError, build, cpu_flags, vector_width
+from sparta_explore.kernels.build import (
+    KernelBuildError,
+    build,
+    compiler_available,
+    compiler_version,
+    cpu_flags,
+    library_problem,
+    load_library,
+    vector_width,
+    warn_compiler_missing,
+)
 
 SOURCE = "int twice(int a) { return 2 * a; }"
 
@@ -42,3 +53,92 @@ def test_compile_error_is_reported(tmp_path):
 
 def test_isa_detection_is_consistent():
     assert vector_width() == (16 if "avx512f" in cpu_flags() else 8)
+
+
+def _child_build(cache_dir, source, name, queue):
+    built = build(source, name, cache_dir=cache_dir)
+    queue.put(str(built.path))
+
+
+def _built_elsewhere(tmp_path, source, name):
+    # built in a child process, so this process never dlopens the file the test then damages
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child_build, args=(str(tmp_path), source, name, queue))
+    proc.start()
+    proc.join(60)
+    return Path(queue.get(timeout=5))
+
+
+@pytest.mark.parametrize("damage", [
+    lambda p: p.write_bytes(p.read_bytes()[:2000]),             # truncated: dlopen would SIGBUS
+    lambda p: p.write_bytes(b""),                               # empty
+    lambda p: p.write_bytes(b"\x7fELF" + bytes(range(256)) * 8),  # garbage with an ELF magic
+    lambda p: p.with_suffix(".json").unlink(),                  # no build record
+    lambda p: p.with_suffix(".json").write_text("{"),           # torn build record
+])
+def test_a_damaged_cache_entry_is_rebuilt_not_loaded(tmp_path, damage):
+    source = f"int seven(void) {{ return 7; }} /* {id(damage)} */"
+    path = _built_elsewhere(tmp_path, source, "seven")
+    assert library_problem(path) is None
+    damage(path)
+    assert library_problem(path) is not None
+    with pytest.warns(RuntimeWarning, match="is corrupt .*rebuilding"):
+        again = build(source, "seven", cache_dir=tmp_path)
+    assert not again.cached and again.lib.seven() == 7
+    assert library_problem(path) is None  # repaired for every later process
+
+
+def test_load_library_refuses_a_mismatching_file(tmp_path):
+    path = _built_elsewhere(tmp_path, "int eight(void) { return 8; }", "eight")
+    path.write_bytes(path.read_bytes()[:-1])
+    with pytest.raises(KernelBuildError, match="unusable: size"):
+        load_library(path)
+
+
+def test_the_source_that_ran_is_kept_beside_the_library(tmp_path):
+    built = build("int nine(void) { return 9; }", "nine", cache_dir=tmp_path)
+    assert built.source_path.read_text() == "int nine(void) { return 9; }"
+    assert built.source_path.with_suffix(".so") == built.path
+
+
+@pytest.fixture
+def no_compiler(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    compiler_version.cache_clear()
+    warn_compiler_missing.cache_clear()
+    yield
+    monkeypatch.undo()
+    compiler_version.cache_clear()
+    warn_compiler_missing.cache_clear()
+
+
+def test_without_gcc_building_is_a_clear_error(no_compiler, tmp_path):
+    assert compiler_version() is None and not compiler_available()
+    with pytest.raises(KernelBuildError, match="no C compiler"):
+        build("int ten(void) { return 10; }", "ten", cache_dir=tmp_path)
+
+
+def test_without_gcc_compile_runs_on_pytorch_with_one_warning(no_compiler, tmp_path):
+    import warnings
+
+    import torch
+    from torch import nn
+
+    import sparta_explore as se
+    from sparta_explore.kernels.build import CompilerMissingWarning
+
+    model = nn.Sequential(nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 4))
+    kept = torch.rand(16, 32, generator=torch.Generator().manual_seed(0)) > 0.7
+    kept[:4] = False
+    table = se.TeSATable({"0.weight": se.TeSA.from_mask(kept)})
+    x = torch.randn(8, 32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cm = se.compile(model, table, (x,), cache_dir=tmp_path)
+    assert [type(w.message) for w in caught] == [CompilerMissingWarning]
+    assert set(cm.report["choice"]) <= {"dense", "shrink"}
+    ref = se.masked_copy(model, table)
+    assert torch.allclose(cm(x), ref(x), atol=1e-5)
+    device = se.device.DeviceProfile.load_or_measure(quick=True, cache_dir=tmp_path)
+    assert device.blocks == () and device.bits == (32,)
