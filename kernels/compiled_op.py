@@ -27,8 +27,10 @@ import torch
 from torch import nn
 
 from sparta_explore.errors import SpartaError
+from sparta_explore.fake_quant import INT_BITS, fake_quantize_rows
 
 FAST_DTYPE = torch.float32
+FP32_BITS = 32
 
 
 class KernelInputError(SpartaError, ValueError):
@@ -121,3 +123,25 @@ class CompiledOp(nn.Module):
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} must implement reference")
+
+
+def check_act_bits(bits: int) -> int:
+    """`bits` if it is 32 (float input) or a grid the int8 kernels run (2..8), else a ValueError.
+
+    Example:
+        >>> check_act_bits(8), check_act_bits(32)
+        (8, 32)
+    """
+    if bits != FP32_BITS and bits not in INT_BITS:
+        raise ValueError(f"act_bits must be 32 or 2..8, got {bits}")
+    return int(bits)
+
+
+def quantized_input(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """`x`'s rows on their symmetric `bits` grid (what the int8 kernels do to their input); 32 leaves it.
+
+    Example:
+        >>> quantized_input(torch.tensor([[1.0, 0.3]]), 2).tolist()
+        [[1.0, 0.0]]
+    """
+    return x if bits == FP32_BITS else fake_quantize_rows(x, bits)

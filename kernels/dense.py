@@ -16,23 +16,28 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sparta_explore.kernels.compiled_op import CompiledOp
+from sparta_explore.kernels.compiled_op import CompiledOp, check_act_bits, quantized_input
 from sparta_explore.kernels.sparse_linear import _ACT, check_linear_args
 
 
 class DenseLinear(CompiledOp):
     """act(x W^T + b) with F.linear (MKL); W already masked / fake-quantized by the caller.
 
+    With `act_bits` <= 8 the input's rows are put on their symmetric grid first, as the
+    int8 kernel does (what a TeSA asking for 8-bit inputs means).
+
     Example:
         >>> DenseLinear(torch.eye(2), None)(torch.ones(1, 2)).tolist()
         [[1.0, 1.0]]
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, activation: str = "none") -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, activation: str = "none", *,
+                 act_bits: int = 32) -> None:
         super().__init__()
         check_linear_args(weight, torch.ones_like(weight, dtype=torch.bool), activation)
         self.out_features, self.in_features = weight.shape
         self.activation = activation
+        self.act_bits = check_act_bits(act_bits)
         self.register_buffer("weight", weight.detach().float().contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
 
@@ -45,9 +50,9 @@ class DenseLinear(CompiledOp):
         return self.reference(x)
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
-        """PyTorch's dense op, in `x`'s dtype: it is its own reference."""
+        """PyTorch's dense op, in `x`'s dtype (input rows on their grid if `act_bits` <= 8): its own reference."""
         bias = None if self.bias is None else self.bias.to(x.dtype)
-        return _ACT[self.activation](F.linear(x, self.weight.to(x.dtype), bias))
+        return _ACT[self.activation](F.linear(quantized_input(x, self.act_bits), self.weight.to(x.dtype), bias))
 
 
 class ShrunkConv2d(CompiledOp):

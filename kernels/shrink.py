@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from sparta_explore.kernels.compiled_op import CompiledOp
+from sparta_explore.kernels.compiled_op import CompiledOp, check_act_bits, quantized_input
 from sparta_explore.kernels.sparse_linear import _ACT, check_linear_args
 
 
@@ -25,11 +25,12 @@ class ShrunkLinear(CompiledOp):
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kept: torch.Tensor,
-                 activation: str = "none") -> None:
+                 activation: str = "none", *, act_bits: int = 32) -> None:
         super().__init__()
         check_linear_args(weight, kept, activation)
         self.out_features, self.in_features = weight.shape
         self.activation = activation
+        self.act_bits = check_act_bits(act_bits)
         rows = kept.any(dim=1).nonzero().flatten()
         cols = kept.any(dim=0).nonzero().flatten()
         w = (weight.detach() * kept).float()
@@ -49,6 +50,7 @@ class ShrunkLinear(CompiledOp):
         return int(torch.count_nonzero(self.weight_small)) / (self.out_features * self.in_features)
 
     def _fast(self, x: torch.Tensor) -> torch.Tensor:
+        x = quantized_input(x, self.act_bits)  # the whole row's scale, before any column is cut
         xs = x if self.all_cols else x.index_select(-1, self.cols)
         ys = _ACT[self.activation](F.linear(xs, self.weight_small, self.bias_small))
         if self.all_rows:
@@ -66,4 +68,4 @@ class ShrunkLinear(CompiledOp):
         w = torch.zeros(self.out_features, self.in_features, dtype=x.dtype)
         w[self.rows.reshape(-1, 1), self.cols.reshape(1, -1)] = self.weight_small.to(x.dtype)
         bias = None if self.bias_full is None else self.bias_full.to(x.dtype)
-        return _ACT[self.activation](F.linear(x, w, bias))
+        return _ACT[self.activation](F.linear(quantized_input(x, self.act_bits), w, bias))

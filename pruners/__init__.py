@@ -13,6 +13,7 @@ from sparta_explore.pruners.nni_evaluator import classification_evaluator
 from sparta_explore.pruners.nni_pruners import NNIPruneConfig
 from sparta_explore.pruners.registry import (
                                              Masks,
+                                             PruneRequest,
                                              from_nni_masks,
                                              get_pruner,
                                              masks_to_table,
@@ -21,6 +22,6 @@ from sparta_explore.pruners.registry import (
                                              register_pruner,
 )
 
-__all__ = ["BlockPruneConfig", "Masks", "NMPruneConfig", "NNIPruneConfig", "block_magnitude_masks",
+__all__ = ["BlockPruneConfig", "Masks", "PruneRequest", "NMPruneConfig", "NNIPruneConfig", "block_magnitude_masks",
            "classification_evaluator", "from_nni_masks", "get_pruner", "masks_to_table", "nm_mask", "nm_masks", "prune",
            "prune_dependent_norms", "pruner_names", "register_pruner"]

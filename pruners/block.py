@@ -13,8 +13,9 @@ import torch
 from torch import nn
 
 from sparta_explore.errors import ConfigError
-from sparta_explore.pruners.registry import Masks, register_pruner
-from sparta_explore.pruners.selection import as_matrix_shape, select_modules
+from sparta_explore.pruners.registry import Masks, PruneRequest, register_pruner
+from sparta_explore.pruners.selection import as_matrix_shape, gemm_weight, select_modules, stored_mask
+from sparta_explore.workload import PRUNABLE_TYPES
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,23 @@ def _keep_lowest_dropped(scores: torch.Tensor, n_prune: int) -> torch.Tensor:
     return keep.reshape(scores.shape)
 
 
-@register_pruner("block", config_type=BlockPruneConfig)
+def block_configs(request: PruneRequest, model: nn.Module) -> list[BlockPruneConfig]:
+    """The block pruner's configs for a trial's request: one per sparsity group (or one global ranking).
+
+    Example:
+        >>> [c.sparsity for c in block_configs(PruneRequest(0.5, ("a", "b"), (("b", 0.9),), block=(1, 4)), None)]
+        [0.5, 0.9]
+    """
+    if request.block is None:
+        raise ConfigError("the block pruner needs a block shape (block=None asks for the pruner's default)")
+    if request.scope == "global":
+        return [BlockPruneConfig(request.sparsity, request.block, op_types=PRUNABLE_TYPES, op_names=request.layers,
+                                 scope="global")]
+    return [BlockPruneConfig(s, request.block, op_types=PRUNABLE_TYPES, op_names=layers)
+            for s, layers in request.groups()]
+
+
+@register_pruner("block", config_type=BlockPruneConfig, from_request=block_configs)
 def block_magnitude_masks(model: nn.Module, config: BlockPruneConfig, evaluator: object = None) -> Masks:
     """Masks ({module: {"weight": 0/1 tensor}}) that drop the lowest-magnitude blocks.
 
@@ -84,7 +101,8 @@ def block_magnitude_masks(model: nn.Module, config: BlockPruneConfig, evaluator:
         >>> masks = block_magnitude_masks(model, BlockPruneConfig(0.75, (16, 16)))  # doctest: +SKIP
     """
     modules = select_modules(model, config.op_types, config.op_names, config.exclude_op_names)
-    scores = {name: block_scores(m.weight, config.block) for name, m in modules.items()}
+    weights = {name: gemm_weight(m) for name, m in modules.items()}  # Conv1D: transposed to (out, in)
+    scores = {name: block_scores(w, config.block) for name, w in weights.items()}
     if config.scope == "global":
         flat = torch.cat([s.flatten() for s in scores.values()])
         keep_flat = _keep_lowest_dropped(flat, round(config.sparsity * flat.numel()))
@@ -94,5 +112,5 @@ def block_magnitude_masks(model: nn.Module, config: BlockPruneConfig, evaluator:
             start += s.numel()
     else:
         keeps = {name: _keep_lowest_dropped(s, round(config.sparsity * s.numel())) for name, s in scores.items()}
-    return {name: {"weight": expand_blocks(keeps[name], config.block, m.weight.shape).to(m.weight.dtype)}
-            for name, m in modules.items()}
+    return {name: {"weight": stored_mask(m, expand_blocks(keeps[name], config.block, weights[name].shape)
+                                         .to(m.weight.dtype))} for name, m in modules.items()}

@@ -12,8 +12,9 @@ import torch
 from torch import nn
 
 from sparta_explore.errors import ConfigError
-from sparta_explore.pruners.registry import Masks, register_pruner
-from sparta_explore.pruners.selection import as_matrix_shape, select_modules
+from sparta_explore.pruners.registry import Masks, PruneRequest, register_pruner
+from sparta_explore.pruners.selection import as_matrix_shape, gemm_weight, select_modules, stored_mask
+from sparta_explore.workload import PRUNABLE_TYPES
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,28 @@ def nm_mask(weight: torch.Tensor, n: int, m: int) -> torch.Tensor:
     return keep.reshape(weight.shape).to(weight.dtype)
 
 
-@register_pruner("nm", config_type=NMPruneConfig)
+def nm_configs(request: PruneRequest, model: nn.Module) -> list[NMPruneConfig]:
+    """N:M configs for a trial's request: m from `block` (1, m) (default 4), n = m * (1 - sparsity) per group.
+
+    Example:
+        >>> [(c.n, c.m) for c in nm_configs(PruneRequest(0.5, ("a",), block=(1, 4)), None)]
+        [(2, 4)]
+    """
+    if request.scope == "global":
+        raise ConfigError("N:M pruning keeps n of every m weights in each layer: it has no global scope")
+    m = request.block[1] if request.block is not None else 4
+    out = []
+    for sparsity, layers in request.groups():
+        n = m * (1.0 - sparsity)
+        if abs(n - round(n)) > 1e-9 or round(n) < 1:
+            raise ConfigError(f"N:M pruning keeps n of every m={m} weights: sparsity {sparsity} gives n={n:g}, "
+                              "not a positive integer (block=(1, m) sets m)")
+        if round(n) < m:
+            out.append(NMPruneConfig(round(n), m, op_types=PRUNABLE_TYPES, op_names=layers))
+    return out
+
+
+@register_pruner("nm", config_type=NMPruneConfig, from_request=nm_configs)
 def nm_masks(model: nn.Module, config: NMPruneConfig, evaluator: object = None) -> Masks:
     """Masks ({module: {"weight": 0/1 tensor}}) with an N:M pattern on every selected weight.
 
@@ -65,4 +87,5 @@ def nm_masks(model: nn.Module, config: NMPruneConfig, evaluator: object = None) 
         >>> masks = nm_masks(model, NMPruneConfig(2, 4))  # doctest: +SKIP
     """
     modules = select_modules(model, config.op_types, config.op_names, config.exclude_op_names)
-    return {name: {"weight": nm_mask(mod.weight, config.n, config.m)} for name, mod in modules.items()}
+    return {name: {"weight": stored_mask(mod, nm_mask(gemm_weight(mod), config.n, config.m))}
+            for name, mod in modules.items()}

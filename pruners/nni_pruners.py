@@ -29,7 +29,7 @@ from torch import nn
 
 from sparta_explore.errors import ConfigError
 from sparta_explore.pruners.nni_evaluator import quiet_nni, resolve_evaluator
-from sparta_explore.pruners.registry import Masks, register_pruner
+from sparta_explore.pruners.registry import Masks, PruneRequest, register_pruner
 from sparta_explore.pruners.selection import checked_config_list, nni_op_entry
 
 
@@ -77,6 +77,33 @@ class NNIPruneConfig:
         return [entry]
 
 
+def nni_configs(request: PruneRequest, model: nn.Module) -> list[list[dict[str, Any]]]:
+    """One NNI config_list for a trial's request: an entry per sparsity group (one global group if asked).
+
+    Example:
+        >>> nni_configs(PruneRequest(0.5, ("0",), block=None), nn.Sequential(nn.Linear(2, 2)))[0][0]["op_names"]
+        ['0']
+    """
+    named = dict(model.named_modules())
+    granularity = "default" if request.block is None else request.block
+    entries: list[dict[str, Any]] = []
+    for sparsity, layers in request.groups():
+        op_types = tuple(sorted({type(named[n]).__name__ for n in layers}))
+        entries += NNIPruneConfig(sparsity, op_types=op_types, op_names=layers, granularity=granularity,
+                                  training_steps=request.training_steps).to_config_list()
+    if request.scope == "global":  # NNI ranks every target of one global group together
+        entries = [{**e, "global_group_id": 0} for e in entries]
+    return [entries]
+
+
+def slim_configs(request: PruneRequest, model: nn.Module) -> list[Any]:
+    """SlimPruner prunes BatchNorm scaling factors where the model has them, else the request's layers."""
+    if any(isinstance(m, nn.BatchNorm2d) for m in model.modules()):
+        return [NNIPruneConfig(request.sparsity, op_types=("BatchNorm2d",),
+                               training_steps=request.training_steps)]
+    return nni_configs(request, model)
+
+
 def _steps(config: NNIPruneConfig | list) -> NNIPruneConfig:
     return config if isinstance(config, NNIPruneConfig) else NNIPruneConfig(0.0)
 
@@ -116,10 +143,12 @@ def _one_shot(cls: type) -> Callable[[nn.Module, Any, Any], Masks]:
 
 for _name, _cls in (("level", LevelPruner), ("l1norm", L1NormPruner), ("l2norm", L2NormPruner),
                     ("fpgm", FPGMPruner)):
-    register_pruner(_name, config_type=NNIPruneConfig, accepts_config_list=True)(_one_shot(_cls))
+    register_pruner(_name, config_type=NNIPruneConfig, accepts_config_list=True,
+                    from_request=nni_configs)(_one_shot(_cls))
 
 
-@register_pruner("taylor", config_type=NNIPruneConfig, needs_evaluator=True, accepts_config_list=True)
+@register_pruner("taylor", config_type=NNIPruneConfig, needs_evaluator=True, accepts_config_list=True,
+                 from_request=nni_configs)
 def taylor_masks(model: nn.Module, config: Any, evaluator: Any) -> Masks:
     """Masks from NNI's TaylorPruner (first-order saliency over `training_steps` steps)."""
     with quiet_nni():
@@ -128,7 +157,8 @@ def taylor_masks(model: nn.Module, config: Any, evaluator: Any) -> Masks:
         return _run(pruner, pruner.compress)
 
 
-@register_pruner("slim", config_type=NNIPruneConfig, needs_evaluator=True, accepts_config_list=True)
+@register_pruner("slim", config_type=NNIPruneConfig, needs_evaluator=True, accepts_config_list=True,
+                 from_request=slim_configs)
 def slim_masks(model: nn.Module, config: Any, evaluator: Any) -> Masks:
     """Masks from NNI's SlimPruner (L1-regularised scaling factors, usually on BatchNorm)."""
     with quiet_nni():
@@ -137,7 +167,8 @@ def slim_masks(model: nn.Module, config: Any, evaluator: Any) -> Masks:
         return _run(pruner, pruner.compress, fold_slim=True)
 
 
-@register_pruner("movement", config_type=NNIPruneConfig, needs_evaluator=True, accepts_config_list=True)
+@register_pruner("movement", config_type=NNIPruneConfig, needs_evaluator=True, accepts_config_list=True,
+                 from_request=nni_configs)
 def movement_masks(model: nn.Module, config: Any, evaluator: Any) -> Masks:
     """Masks from NNI's MovementPruner (scores learned while fine-tuning)."""
     steps = max(_steps(config).training_steps, 4)
@@ -160,7 +191,9 @@ def _scheduled(cls: type) -> Callable[[nn.Module, Any, Any], Masks]:
     return run
 
 
-register_pruner("agp", config_type=NNIPruneConfig, needs_evaluator=True, accepts_config_list=True)(
+register_pruner("agp", config_type=NNIPruneConfig, needs_evaluator=True, accepts_config_list=True,
+                from_request=nni_configs)(
     _scheduled(AGPPruner))
-register_pruner("linear", config_type=NNIPruneConfig, needs_evaluator=True, accepts_config_list=True)(
+register_pruner("linear", config_type=NNIPruneConfig, needs_evaluator=True, accepts_config_list=True,
+                from_request=nni_configs)(
     _scheduled(LinearPruner))

@@ -25,6 +25,50 @@ CompressorFn = Callable[[nn.Module, Any, Any], Any]
 
 
 @dataclass(frozen=True)
+class PruneRequest:
+    """What an exploration trial asks of a pruner, independent of which pruner it is.
+
+    `layers` are the modules that may be pruned (the workload's prunable modules); each
+    takes `sparsity` unless `layer_sparsity` overrides it. `block` is the granularity
+    (None: the pruner's own), `scope` "layer" or "global". Each pruner turns a request into
+    the configs it runs (`CompressorEntry.configs_for`).
+
+    Example:
+        >>> PruneRequest(0.5, ("fc1", "fc2"), layer_sparsity=(("fc2", 0.9),)).groups()
+        [(0.5, ('fc1',)), (0.9, ('fc2',))]
+    """
+
+    sparsity: float
+    layers: tuple[str, ...]
+    layer_sparsity: tuple[tuple[str, float], ...] = ()
+    block: tuple[int, int] | None = None
+    scope: str = "layer"
+    training_steps: int = 20
+
+    def __post_init__(self) -> None:
+        unknown = sorted({n for n, _ in self.layer_sparsity} - set(self.layers))
+        if unknown:
+            raise ConfigError(f"layer_sparsity names {unknown}, which are not prunable layers; choose from "
+                              f"{sorted(self.layers)}")
+        if self.layer_sparsity and self.scope == "global":
+            raise ConfigError("layer_sparsity and scope='global' conflict: global ranking picks each layer's sparsity")
+        if not self.layers:
+            raise ConfigError("the workload has no prunable layer")
+
+    def groups(self) -> list[tuple[float, tuple[str, ...]]]:
+        """(sparsity, layers) pairs: the layers at `sparsity`, then one group per distinct override."""
+        overrides = dict(self.layer_sparsity)
+        out: dict[float, list[str]] = {}
+        for layer in self.layers:
+            out.setdefault(overrides.get(layer, self.sparsity), []).append(layer)
+        base = [(self.sparsity, tuple(out.pop(self.sparsity)))] if self.sparsity in out else []
+        return base + [(s, tuple(names)) for s, names in sorted(out.items())]
+
+
+RequestFn = Callable[[PruneRequest, nn.Module], list[Any]]
+
+
+@dataclass(frozen=True)
 class CompressorEntry:
     """One registered pruner or quantizer: its function and how it is configured.
 
@@ -38,12 +82,23 @@ class CompressorEntry:
     config_type: type | None
     needs_evaluator: bool
     accepts_config_list: bool
+    from_request: RequestFn | None = None
+
+    def configs_for(self, request: PruneRequest, model: nn.Module) -> list[Any]:
+        """The configs this pruner runs for `request`, in turn (their tables merge).
+
+        Example:
+            >>> get_pruner("block").configs_for(PruneRequest(0.5, ("0",), block=(1, 4)), model)  # doctest: +SKIP
+        """
+        if self.from_request is None:
+            raise ConfigError(f"{self.name!r} cannot be configured from trial parameters")
+        return self.from_request(request, model)
 
     def prepare(self, config: Any, evaluator: Any) -> Any:
         """Check the evaluator and coerce `config`; returns the config the function takes."""
         if self.needs_evaluator and evaluator is None:
             raise ConfigError(f"{self.name!r} trains or calibrates and needs an evaluator "
-                              "(an NNI Evaluator, or a DataSplit such as zoo.load_digits_split())")
+                              "(an NNI Evaluator, a Workload that can train, or a DataSplit)")
         if isinstance(config, list):
             if not self.accepts_config_list:
                 raise ConfigError(f"{self.name!r} takes a {getattr(self.config_type, '__name__', 'config')}, "
@@ -58,10 +113,15 @@ _PRUNERS: Registry[CompressorEntry] = Registry("pruner", suffix="pruner")
 
 
 def register_pruner(name: str, *, config_type: type | None = None, needs_evaluator: bool = False,
-                    accepts_config_list: bool = False) -> Callable[[CompressorFn], CompressorFn]:
-    """Decorator adding a pruner `(model, config, evaluator) -> Masks` under `name` ("l1norm", "block")."""
+                    accepts_config_list: bool = False,
+                    from_request: RequestFn | None = None) -> Callable[[CompressorFn], CompressorFn]:
+    """Decorator adding a pruner `(model, config, evaluator) -> Masks` under `name` ("l1norm", "block").
+
+    `from_request(request, model) -> [config, ...]` says how trial parameters configure it.
+    """
     def add(fn: CompressorFn) -> CompressorFn:
-        _PRUNERS.add(name, CompressorEntry(name, fn, config_type, needs_evaluator, accepts_config_list))
+        _PRUNERS.add(name, CompressorEntry(name, fn, config_type, needs_evaluator, accepts_config_list,
+                                           from_request))
         return fn
     return add
 

@@ -5,9 +5,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
 from sparta_explore.errors import ConfigError
+
+
+def type_names(module: nn.Module) -> set[str]:
+    """Class names of `module` and its bases: op_types "Linear" also selects subclasses of nn.Linear.
+
+    Example:
+        >>> "Linear" in type_names(nn.modules.linear.NonDynamicallyQuantizableLinear(2, 2))
+        True
+    """
+    return {c.__name__ for c in type(module).__mro__}
 
 
 def select_modules(model: nn.Module, op_types: Sequence[str], op_names: Sequence[str] | None = None,
@@ -32,12 +43,37 @@ def select_modules(model: nn.Module, op_types: Sequence[str], op_names: Sequence
             continue
         if op_names is not None and fqn not in op_names:
             continue
-        if type(mod).__name__ in op_types and getattr(mod, "weight", None) is not None:
+        if type_names(mod) & set(op_types) and getattr(mod, "weight", None) is not None:
             chosen[fqn] = mod
     if not chosen:
         raise ConfigError(f"no module of {type(model).__name__} matches op_types={list(op_types)}"
                           + (f", {key}={list(op_names)}" if op_names is not None else ""))
     return chosen
+
+
+# classes whose weight is stored (in, out), i.e. transposed against nn.Linear (Hugging Face GPT-2's Conv1D)
+STORED_IN_OUT = frozenset({"Conv1D"})
+
+
+def gemm_weight(module: nn.Module) -> torch.Tensor:
+    """The module's weight as the kernels see it, (out, in * kernel...): transposed for `STORED_IN_OUT` classes.
+
+    Example:
+        >>> gemm_weight(nn.Linear(3, 2)).shape
+        torch.Size([2, 3])
+    """
+    weight = module.weight
+    return weight.t() if type(module).__name__ in STORED_IN_OUT else weight
+
+
+def stored_mask(module: nn.Module, gemm_mask: torch.Tensor) -> torch.Tensor:
+    """A mask made on `gemm_weight(module)` in the weight's stored layout.
+
+    Example:
+        >>> stored_mask(nn.Linear(3, 2), torch.ones(2, 3)).shape
+        torch.Size([2, 3])
+    """
+    return gemm_mask.t().contiguous() if type(module).__name__ in STORED_IN_OUT else gemm_mask
 
 
 def as_matrix_shape(shape: Sequence[int]) -> tuple[int, int]:

@@ -12,6 +12,7 @@ from sparta_explore.quantizers.calibrate_split import (
     CalibrationData,
     accuracy_on,
     calibrate_on_split,
+    calibrate_workload,
     calibration_data,
     flip_rate,
     held_out_margin,
@@ -19,18 +20,19 @@ from sparta_explore.quantizers.calibrate_split import (
 from sparta_explore.quantizers.fake_quant_model import FakeQuantOp, fake_quant_model
 from sparta_explore.quantizers.nni_quantizers import NNIQuantConfig
 from sparta_explore.quantizers.registry import (
-                                                QuantBits,
-                                                bits_to_table,
-                                                get_quantizer,
-                                                parse_quant_dtype,
-                                                quantize,
-                                                quantizer_names,
-                                                register_quantizer,
+    QuantBits,
+    QuantRequest,
+    bits_to_table,
+    get_quantizer,
+    parse_quant_dtype,
+    quantize,
+    quantizer_names,
+    register_quantizer,
 )
 from sparta_explore.quantizers.uniform import UniformQuantConfig, uniform_bits
 
 __all__ = ["CalibrationConfig", "CalibrationData", "CalibrationResult", "CalibrationStep", "FakeQuantOp",
-           "NNIQuantConfig", "QuantBits", "UniformQuantConfig", "accuracy_on", "bits_to_table", "calibrate",
-           "calibrate_bits", "calibrate_on_split", "calibration_data", "fake_quant_model", "flip_rate", "get_quantizer",
-           "held_out_margin",
-           "parse_quant_dtype", "quantize", "quantizer_names", "register_quantizer", "uniform_bits"]
+           "NNIQuantConfig", "QuantBits", "QuantRequest", "UniformQuantConfig", "accuracy_on", "bits_to_table",
+           "calibrate", "calibrate_bits", "calibrate_on_split", "calibrate_workload", "calibration_data",
+           "fake_quant_model", "flip_rate", "get_quantizer", "held_out_margin", "parse_quant_dtype", "quantize",
+           "quantizer_names", "register_quantizer", "uniform_bits"]

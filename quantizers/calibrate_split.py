@@ -35,6 +35,7 @@ from sparta_explore.graph import Graph
 from sparta_explore.quantizers.calibrate import CalibrationResult, EvalFn, calibrate
 from sparta_explore.quantizers.calibrate_config import CalibrationConfig
 from sparta_explore.tesa import TeSA
+from sparta_explore.workload import Workload
 from sparta_explore.zoo.data import DataSplit
 from sparta_explore.zoo.training import evaluate
 
@@ -140,3 +141,24 @@ def calibrate_on_split(model: torch.nn.Module, table: Mapping[str, TeSA] | None,
     """
     cd = calibration_data(data) if isinstance(data, DataSplit) else data
     return calibrate(model, table, cd.calib_x, accuracy_on(cd.val_x, cd.val_y), config, graph=graph)
+
+
+def calibrate_workload(model: torch.nn.Module, table: Mapping[str, TeSA] | None, workload: Workload,
+                       config: CalibrationConfig = CalibrationConfig(), *, graph: Graph | None = None
+                       ) -> CalibrationResult:
+    """`calibrate` on a workload: its calibration inputs, steered by its validation metric.
+
+    The workload's reported metric (its held-out data) never steers calibration; a workload
+    without a `validation_metric` cannot be calibrated (a `ConfigError` says so).
+
+    Example:
+        >>> r = calibrate_workload(model, table, load_workload("digits-cnn"))  # doctest: +SKIP
+    """
+    if workload.validation_metric is None:
+        raise ConfigError(f"workload {workload.name!r} has no validation_metric: calibration steers by data the "
+                          "reported metric does not see, and this workload names none")
+    inputs = workload.calibration_inputs if workload.calibration_inputs is not None else workload.inputs
+    if isinstance(inputs, Mapping):
+        raise ConfigError(f"workload {workload.name!r}: calibration runs models on positional inputs; its "
+                          "calibration_inputs are keyword inputs")
+    return calibrate(model, table, inputs, lambda m: workload.evaluate(m, validation=True), config, graph=graph)

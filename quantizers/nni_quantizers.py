@@ -29,7 +29,7 @@ from sparta_explore.errors import ConfigError
 from sparta_explore.pruners.nni_evaluator import quiet_nni, resolve_evaluator
 from sparta_explore.pruners.selection import checked_config_list, nni_op_entry
 from sparta_explore.quantizers.dorefa import SafeDoReFaQuantizer
-from sparta_explore.quantizers.registry import QuantBits, parse_quant_dtype, register_quantizer
+from sparta_explore.quantizers.registry import QuantBits, QuantRequest, parse_quant_dtype, register_quantizer
 from sparta_explore.tesa import NumberFormat
 
 
@@ -127,6 +127,19 @@ def _with_schemes(cfg_list: list[dict[str, Any]], weight: str | None, activation
     return out
 
 
+def nni_quant_configs(request: QuantRequest, model: nn.Module) -> list[NNIQuantConfig]:
+    """NNIQuantConfig at `request.bits` for weights and inputs of the request's layers.
+
+    Example:
+        >>> nni_quant_configs(QuantRequest(8, ("0",)), nn.Sequential(nn.Linear(2, 2)))[0].op_types
+        ('Linear',)
+    """
+    named = dict(model.named_modules())
+    op_types = tuple(sorted({type(named[n]).__name__ for n in request.layers}))
+    return [NNIQuantConfig(weight_bits=request.bits, activation_bits=request.bits, op_types=op_types,
+                           op_names=request.layers, training_steps=request.training_steps)]
+
+
 def _trained(cls: type, weight_scheme: str | None = None,
              activation_scheme: str | None = None) -> Callable[[nn.Module, Any, Any], QuantBits]:
     def run(model: nn.Module, config: Any, evaluator: Any) -> QuantBits:
@@ -142,10 +155,12 @@ def _trained(cls: type, weight_scheme: str | None = None,
 for _name, _quantizer in (("qat", _trained(QATQuantizer)),
                           ("lsq", _trained(LsqQuantizer, "symmetric", "symmetric")),
                           ("dorefa", _trained(SafeDoReFaQuantizer, "affine", None))):
-    register_quantizer(_name, config_type=NNIQuantConfig, needs_evaluator=True, accepts_config_list=True)(_quantizer)
+    register_quantizer(_name, config_type=NNIQuantConfig, needs_evaluator=True, accepts_config_list=True,
+                       from_request=nni_quant_configs)(_quantizer)
 
 
-@register_quantizer("bnn", config_type=NNIQuantConfig, needs_evaluator=True, accepts_config_list=True)
+@register_quantizer("bnn", config_type=NNIQuantConfig, needs_evaluator=True, accepts_config_list=True,
+                    from_request=nni_quant_configs)
 def bnn_bits(model: nn.Module, config: Any, evaluator: Any) -> QuantBits:
     """1-bit weights from NNI's BNNQuantizer (which itself reports 8: the values are +-1)."""
     cfg_list = checked_config_list(model, config)
@@ -157,7 +172,8 @@ def bnn_bits(model: nn.Module, config: Any, evaluator: Any) -> QuantBits:
                 fixed=(1, NumberFormat.INT))
 
 
-@register_quantizer("ptq", config_type=NNIQuantConfig, needs_evaluator=True, accepts_config_list=True)
+@register_quantizer("ptq", config_type=NNIQuantConfig, needs_evaluator=True, accepts_config_list=True,
+                    from_request=nni_quant_configs)
 def ptq_bits(model: nn.Module, config: Any, evaluator: Any) -> QuantBits:
     """Bits from NNI's PtqQuantizer: no training, ranges calibrated on the training split."""
     cfg_list = checked_config_list(model, config)

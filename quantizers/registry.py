@@ -8,6 +8,7 @@ A quantizer is a function `(model, config, evaluator) -> QuantBits`, with QuantB
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,14 +23,38 @@ from sparta_explore.tesa_table import TeSATable
 
 QuantBits = dict[str, dict[str, tuple[int, NumberFormat]]]
 
+
+@dataclass(frozen=True)
+class QuantRequest:
+    """What an exploration trial asks of a quantizer: `bits` for the weights and inputs of `layers`.
+
+    Example:
+        >>> QuantRequest(8, ("fc1",)).bits
+        8
+    """
+
+    bits: int
+    layers: tuple[str, ...]
+    training_steps: int = 20
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise ConfigError("the workload has no layer to quantize")
+
 _QUANTIZERS: Registry[CompressorEntry] = Registry("quantizer", suffix="quantizer")
 
 
 def register_quantizer(name: str, *, config_type: type | None = None, needs_evaluator: bool = False,
-                       accepts_config_list: bool = False) -> Callable[[CompressorFn], CompressorFn]:
-    """Decorator adding a quantizer `(model, config, evaluator) -> QuantBits` under `name` ("qat", "uniform")."""
+                       accepts_config_list: bool = False,
+                       from_request: Callable[[QuantRequest, nn.Module], list[Any]] | None = None
+                       ) -> Callable[[CompressorFn], CompressorFn]:
+    """Decorator adding a quantizer `(model, config, evaluator) -> QuantBits` under `name` ("qat", "uniform").
+
+    `from_request(request, model) -> [config]` says how trial parameters configure it.
+    """
     def add(fn: CompressorFn) -> CompressorFn:
-        _QUANTIZERS.add(name, CompressorEntry(name, fn, config_type, needs_evaluator, accepts_config_list))
+        _QUANTIZERS.add(name, CompressorEntry(name, fn, config_type, needs_evaluator, accepts_config_list,
+                                              from_request))
         return fn
     return add
 

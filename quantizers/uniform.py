@@ -13,8 +13,9 @@ from torch import nn
 
 from sparta_explore.errors import ConfigError
 from sparta_explore.pruners.selection import select_modules
-from sparta_explore.quantizers.registry import QuantBits, register_quantizer
+from sparta_explore.quantizers.registry import QuantBits, QuantRequest, register_quantizer
 from sparta_explore.tesa import NumberFormat
+from sparta_explore.workload import PRUNABLE_TYPES
 
 _TARGETS = ("weight", "bias", "_input_", "_output_")
 
@@ -49,7 +50,18 @@ class UniformQuantConfig:
             raise ConfigError(f"targets {bad} unknown; choose from {list(_TARGETS)}")
 
 
-@register_quantizer("uniform", config_type=UniformQuantConfig)
+def uniform_configs(request: QuantRequest, model: nn.Module) -> list[UniformQuantConfig]:
+    """Symmetric int grids (what the int8 kernels run) at `request.bits` for weights and inputs of its layers.
+
+    Example:
+        >>> uniform_configs(QuantRequest(4, ("0",)), None)[0].activation_fmt
+        'int'
+    """
+    return [UniformQuantConfig(weight_bits=request.bits, activation_bits=request.bits, activation_fmt="int",
+                               op_types=PRUNABLE_TYPES, op_names=request.layers)]
+
+
+@register_quantizer("uniform", config_type=UniformQuantConfig, from_request=uniform_configs)
 def uniform_bits(model: nn.Module, config: UniformQuantConfig, evaluator: Any = None) -> QuantBits:
     """The same bits for every selected module's targets.
 

@@ -7,6 +7,7 @@ Example:
     $ sparta-explore prune --model digits-mlp --pruner level --sparsity 0.8 --out t.npz
     $ sparta-explore summary t.npz
     $ sparta-explore sweep --sparsity 0.5 0.9 --block 32x32 1x32 --bits 32 8 --out results/sweep
+    $ sparta-explore sweep --workload experiments/workloads/bert.py:workload --sparsity 0.9 --out results/bert
     $ sparta-explore plot results/sweep && sparta-explore report results/sweep
 """
 
@@ -193,7 +194,9 @@ def _sweep_arguments(p: argparse.ArgumentParser) -> None:
                    help="results folder (rows/, results.csv, figures, report.md); rerunning resumes it")
     p.add_argument("--grid", type=Path, default=None,
                    help="JSON grid (a dict of axes or a list of points); replaces the axis options below")
-    p.add_argument("--model", default="digits-ffn", help="digits model (see `sparta-explore models`)")
+    p.add_argument("--workload", "--model", dest="workload", default="digits-ffn",
+                   help="built-in workload (`sparta-explore models`), or your own as 'package.module:attr' or "
+                        "'path/file.py:attr' (a Workload, or a function returning one)")
     p.add_argument("--pruner", nargs="+", default=["block"], help="pruners (block, nm, l1norm, level, ...)")
     p.add_argument("--sparsity", type=fraction, nargs="+", default=[0.5, 0.75, 0.9], help="sparsities")
     p.add_argument("--block", type=grid_block, nargs="+", default=["32x32", "1x32"],
@@ -220,15 +223,17 @@ def _sweep_arguments(p: argparse.ArgumentParser) -> None:
          _sweep_arguments)
 def _sweep(args: argparse.Namespace) -> int:
     from sparta_explore.explore.sweep import expand_grid, read_grid, sweep
+    from sparta_explore.workload import load_workload
 
     if args.grid is not None:
         grid = read_grid(args.grid)
     else:
-        grid = {"model": args.model, "pruner": args.pruner, "scope": args.scope, "block": args.block,
+        grid = {"workload": args.workload, "pruner": args.pruner, "scope": args.scope, "block": args.block,
                 "sparsity": args.sparsity, "bits": args.bits, "quantizer": args.quantizer,
                 "calibrate": args.calibrate, "finetune_epochs": args.finetune_epochs, "batch": args.batch,
                 "objective": args.objective, "target": args.target, "seed": args.seed}
-        expand_grid(grid)  # every point checked before any trial runs
+    for ref in sorted({p.workload for p in expand_grid(grid)}):  # every point checked before any trial runs
+        load_workload(ref, cache_dir=args.cache_dir)  # a workload that does not import fails now, in one line
     kwargs: dict[str, object] = {"cache_dir": args.cache_dir, "runs": args.runs}
     if args.quick_profile:
         from sparta_explore.device import DeviceProfile
@@ -241,8 +246,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _print_results(df: pd.DataFrame) -> None:
-    cols = ["pruner", "block", "sparsity", "bits", "accuracy", "latency_ms", "dense_latency_ms", "speedup",
-            "flops_ratio", "score"]
+    cols = ["workload", "pruner", "block", "sparsity", "bits", "accuracy", "latency_ms", "dense_latency_ms",
+            "speedup", "flops_ratio", "score"]
     print(df[[c for c in cols if c in df.columns]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
 
 

@@ -10,6 +10,7 @@ machine; writes `results.csv` (resumable: a rerun skips finished trials), the Pa
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -17,22 +18,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-from torch import nn
 
 from sparta_explore.errors import ConfigError
-from sparta_explore.graph import Graph, capture
-from sparta_explore.masking import apply_table, masked_copy
-from sparta_explore.propagation import run_propagation
+from sparta_explore.explore.params import TrialParams
+from sparta_explore.graph import Graph
 from sparta_explore.tesa_table import TeSATable
-from sparta_explore.zoo.registry import classifier_head
 
 
 @dataclass(frozen=True)
 class DemoConfig:
     """What the demo prunes and how; `exclude=None` leaves the classifier head dense.
 
-    `dependent_norms` also prunes the BatchNorm channels after pruned filters, so
-    propagation can carry the pruning into the next layer.
+    BatchNorm channels after pruned filters are pruned too (`prune_dependent_norms`), so
+    propagation carries the pruning into the next layer.
 
     Example:
         >>> DemoConfig(pruner="level", sparsity=0.8).model
@@ -46,9 +44,7 @@ class DemoConfig:
     exclude: tuple[str, ...] | None = None
     quantizer: str | None = None
     bits: int = 8
-    training_steps: int = 20
     finetune_epochs: int = 3
-    dependent_norms: bool = True
     sweep: bool = True
     sweep_model: str = "digits-ffn"
     sweep_sparsity: tuple[float, ...] = (0.5, 0.9)
@@ -76,7 +72,7 @@ class DemoConfig:
             >>> DemoConfig().sweep_grid()["block"]
             ['32x32', '1x1']
         """
-        return {"model": self.sweep_model, "pruner": "block", "block": list(self.sweep_blocks),
+        return {"workload": self.sweep_model, "pruner": "block", "block": list(self.sweep_blocks),
                 "sparsity": list(self.sweep_sparsity), "bits": list(self.sweep_bits), "batch": self.sweep_batch,
                 "finetune_epochs": self.sweep_finetune_epochs}
 
@@ -99,89 +95,64 @@ class DemoResult:
     sweep: pd.DataFrame | None = None
 
 
-def _prune_config(cfg: DemoConfig, model: nn.Module) -> tuple[object, tuple[str, ...]]:
-    from sparta_explore.pruners import BlockPruneConfig, NMPruneConfig, NNIPruneConfig, get_pruner
+def _trial_params(cfg: DemoConfig) -> TrialParams:
+    from sparta_explore.pruners import get_pruner
 
-    exclude = cfg.exclude if cfg.exclude is not None else tuple(filter(None, [classifier_head(model)]))
-    name = get_pruner(cfg.pruner).name
-    if name == "block":
-        return BlockPruneConfig(cfg.sparsity, cfg.block, exclude_op_names=exclude), exclude
-    if name == "nm":
-        return NMPruneConfig(2, 4, exclude_op_names=exclude), exclude
-    has_bn = any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
-    op_types = ("BatchNorm2d",) if name == "slim" and has_bn else ("Linear", "Conv2d")
-    return NNIPruneConfig(cfg.sparsity, op_types=op_types, exclude_op_names=exclude,
-                          training_steps=cfg.training_steps), exclude
+    shaped = get_pruner(cfg.pruner).name in ("block", "nm")  # NNI pruners: their own granularity
+    return TrialParams(workload=cfg.model, pruner=cfg.pruner, sparsity=cfg.sparsity,
+                       block=cfg.block if shaped else None, bits=cfg.bits if cfg.quantizer else 32,
+                       quantizer=cfg.quantizer or "uniform", finetune_epochs=cfg.finetune_epochs)
 
 
 def run_demo(cfg: DemoConfig = DemoConfig(), *, out: str | os.PathLike | None = "results/demo",
              cache_dir: str | os.PathLike | None = None, echo: Callable[[str], None] = print) -> DemoResult:
-    """Load (or train) `cfg.model`, prune it, optionally quantize, and report the TeSAs.
+    """Load (or train) `cfg.model`, prune it, optionally quantize, propagate, fine-tune, and report the TeSAs.
 
-    Writes `tesa.npz` and `summary.csv` into `out` (unless None), then, with `cfg.sweep`,
-    runs the sweep there (`results.csv`, `rows/`, the two PNGs and `report.md`).
+    The first two stages of a trial (`explore.stages`: compress, finetune) on the model's
+    built-in workload. Writes `tesa.npz` and `summary.csv` into `out` (unless None), then,
+    with `cfg.sweep`, runs the sweep there (`results.csv`, `rows/`, the PNGs and `report.md`).
 
     Example:
         >>> result = run_demo(DemoConfig(pruner="level", sparsity=0.8))  # doctest: +SKIP
     """
-    from sparta_explore.pruners import get_pruner, prune
-    from sparta_explore.zoo import TrainConfig, evaluate, get_spec, load_digits_split, pretrained, train
+    from sparta_explore.explore.stages import TrialState, run_stages, weight_stats
+    from sparta_explore.workload import PRUNABLE_TYPES, load_workload
+    from sparta_explore.zoo import get_spec
 
     start = time.perf_counter()
-    get_pruner(cfg.pruner)  # fail on a bad name before any training
-    if cfg.quantizer:
-        from sparta_explore.quantizers import get_quantizer
-
-        get_quantizer(cfg.quantizer)
+    params = _trial_params(cfg)
     if get_spec(cfg.model).task != "digits":
         raise ConfigError(f"demo model {cfg.model!r} must train on the digits (see `sparta-explore models`)")
-    data = load_digits_split()
-    model, dense_acc = pretrained(cfg.model, cache_dir=cache_dir, data=data)
-    echo(f"model {cfg.model}: test accuracy {dense_acc:.4f} on {len(data.test_x)} held-out digits")
-    graph = capture(model, (data.test_x[:1],))
-    prune_cfg, exclude = _prune_config(cfg, model)
-    echo(f"pruning with {cfg.pruner} ({type(prune_cfg).__name__}, sparsity {cfg.sparsity}); "
-         f"left dense: {', '.join(exclude) or 'nothing'}")
-    table = prune(model, prune_cfg, pruner=cfg.pruner, evaluator=data, graph=graph)
-    if cfg.quantizer:
-        from sparta_explore.quantizers import NNIQuantConfig, UniformQuantConfig, get_quantizer, quantize
-
-        qname = get_quantizer(cfg.quantizer).name
-        qcfg = (UniformQuantConfig(weight_bits=cfg.bits, activation_bits=cfg.bits, exclude_op_names=exclude)
-                if qname == "uniform" else
-                NNIQuantConfig(weight_bits=cfg.bits, activation_bits=cfg.bits, exclude_op_names=exclude,
-                               training_steps=cfg.training_steps))
-        echo(f"quantizing with {qname} to {cfg.bits} bits")
-        table = table.merge(quantize(model, qcfg, quantizer=qname, evaluator=data, graph=graph))
-    if cfg.dependent_norms:
-        from sparta_explore.pruners import prune_dependent_norms
-
-        table = prune_dependent_norms(graph, table)
-    propagated = run_propagation(graph, table)
-    # the propagated table is sound, so masking with it computes the same function; fine-tuning
-    # under it keeps every propagated zero at zero, as the compiled kernels will assume
-    masked = masked_copy(model, propagated.table)
-    masked_acc = evaluate(masked, data.test_x, data.test_y)
-    tuned_acc = None
-    if cfg.finetune_epochs:
-        # masks are re-applied after every step, so fine-tuning never revives a pruned weight
-        tuned_acc = train(masked, data, TrainConfig(epochs=cfg.finetune_epochs, lr=1e-3),
-                          after_step=lambda m: apply_table(m, propagated.table))
+    workload = load_workload(cfg.model, cache_dir=cache_dir)
+    if cfg.exclude is not None:
+        keep = tuple(n for n in workload.prunable_modules() if n not in cfg.exclude)
+        workload = dataclasses.replace(workload, prunable=keep, _built=workload._built)
+    state = TrialState.start(params, cache_dir=cache_dir, echo=echo)
+    state.workload = workload
+    dense_acc = workload.evaluate(workload.dense_model())
+    echo(f"model {cfg.model}: test accuracy {dense_acc:.4f} on the held-out digits")
+    weighted = {n for n, m in workload.dense_model().named_modules() if n and type(m).__name__ in PRUNABLE_TYPES}
+    left = sorted(weighted - set(workload.prunable_modules()))
+    echo(f"pruning with {cfg.pruner} (sparsity {cfg.sparsity}"
+         + (f", quantized by {cfg.quantizer} to {cfg.bits} bits" if cfg.quantizer else "")
+         + f"); left dense: {', '.join(left) or 'nothing'}")
+    run_stages(state, ("compress", "finetune"))
+    graph, table, propagated = state.graph, state.table, state.propagation
     compare = propagated.compare()
     summary = compare[[graph.tensors[n].kind == "param" or propagated.table[n].kept_bits() != [32]
                        or propagated.table[n].sparsity > 0 for n in compare["name"]]]
     echo("")
     echo(summary.to_string(index=False))
     echo("")
-    weights = [n for n in table if graph.tensors[n].kind == "param" and n.endswith("weight")]
-    total = sum(table[n].numel for n in weights)
-    pruned = sum(int(table[n].pruned.sum()) for n in weights)
-    after = sum(int(propagated.table[n].pruned.sum()) for n in weights)
-    echo(f"weights pruned: {pruned}/{total} ({pruned / max(total, 1):.1%}) by the pruner, "
-         f"{after}/{total} ({after / max(total, 1):.1%}) after propagation "
-         f"({propagated.report.visits} rule visits, {propagated.report.seconds:.2f} s)")
+    weights = state.weights()
+    before, _, _ = weight_stats(table, weights)
+    after, _, _ = weight_stats(propagated.table, weights)
+    echo(f"weights pruned: {before:.1%} by the pruner, {after:.1%} after propagation "
+         f"({propagated.report.visits} rule visits, {propagated.report.seconds:.2f} s; self-check "
+         f"{'passed' if propagated.check.passed else 'reverted ' + str(len(propagated.check.reverted))})")
+    masked_acc, tuned_acc = state.metrics["masked_metric"], state.metrics["finetuned_metric"]
     echo(f"test accuracy: dense {dense_acc:.4f}, masked {masked_acc:.4f}"
-         + (f", masked + {cfg.finetune_epochs} epochs fine-tuning {tuned_acc:.4f}" if tuned_acc is not None else ""))
+         + (f", masked + {cfg.finetune_epochs} epochs fine-tuning {tuned_acc:.4f}" if cfg.finetune_epochs else ""))
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
@@ -189,7 +160,8 @@ def run_demo(cfg: DemoConfig = DemoConfig(), *, out: str | os.PathLike | None = 
         compare.to_csv(out / "summary.csv", index=False)
         echo(f"wrote {out / 'tesa.npz'} and {out / 'summary.csv'}")
     rows = run_demo_sweep(cfg, out, cache_dir=cache_dir, echo=echo) if cfg.sweep and out is not None else None
-    return DemoResult(graph, propagated.table, dense_acc, masked_acc, tuned_acc, time.perf_counter() - start, rows)
+    return DemoResult(graph, propagated.table, dense_acc, masked_acc,
+                      tuned_acc if cfg.finetune_epochs else None, time.perf_counter() - start, rows)
 
 
 def run_demo_sweep(cfg: DemoConfig, out: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
@@ -213,7 +185,7 @@ def run_demo_sweep(cfg: DemoConfig, out: str | os.PathLike, *, cache_dir: str | 
     echo(f"sweep: {len(points)} trials on {cfg.sweep_model} (sparsity {list(cfg.sweep_sparsity)} x block "
          f"{list(cfg.sweep_blocks)} x bits {list(cfg.sweep_bits)}), each compiled and timed against dense PyTorch")
     rows = sweep(points, out, trial_kwargs={"cache_dir": cache_dir, "runs": cfg.sweep_runs,
-                                            "compile_kwargs": compile_kwargs})
+                                            "compile_kwargs": dict(compile_kwargs or {})})
     cols = ["block", "sparsity", "bits", "accuracy", "latency_ms", "dense_latency_ms", "speedup", "flops_ratio"]
     echo(rows[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     images = plot_results(rows, out)

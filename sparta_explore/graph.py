@@ -1,15 +1,15 @@
 """Capture: a model as a torch.fx graph, with the shape and dtype of every tensor.
 
-`capture` traces the model symbolically, then runs the graph once on the example inputs
-to record each value's shape and dtype. Tensor names are parameter/buffer FQNs for
+`capture` traces the model (fx symbolic tracing, or torch.export for what fx cannot trace;
+see `sparta_explore.tracing`), or takes a GraphModule as it is, then runs the graph once on
+the example inputs to record each value's shape and dtype. Tensor names are parameter/buffer FQNs for
 weights (``"fc1.weight"``) and fx node names for activations (``"relu_1"``); these are the
 keys of a `TeSATable`.
 """
 
 from __future__ import annotations
 
-import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,10 +57,22 @@ class Graph:
     constants: dict[str, Any] = field(default_factory=dict)
     tuple_shapes: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
     example_inputs: tuple = ()
+    call_args: tuple = ()
+    call_kwargs: dict[str, Any] = field(default_factory=dict)
+    method: str = "fx"
 
     @property
     def fx_graph(self) -> fx.Graph:
         return self.module.graph
+
+    def run(self, module: nn.Module | None = None) -> Any:
+        """Call `module` (default: the captured module) the way the example inputs call the model.
+
+        Example:
+            >>> g.run().shape  # doctest: +SKIP
+            torch.Size([2, 3])
+        """
+        return (module if module is not None else self.module)(*self.call_args, **self.call_kwargs)
 
     def nodes(self) -> Iterator[fx.Node]:
         """The op nodes (call_module, call_function, call_method) in topological order."""
@@ -79,7 +91,10 @@ class Graph:
         return self.aliases.get(name, name)
 
     def params_of(self, node: fx.Node) -> dict[str, str]:
-        """For a call_module node, its direct parameters and buffers: local name -> FQN.
+        """For a call_module node, every parameter and buffer the module reads: local name -> FQN.
+
+        Children included: a module the graph keeps whole (nn.MultiheadAttention, a user's
+        leaf) reads its children's parameters too (local name "out_proj.weight").
 
         Example:
             >>> g.params_of(next(g.nodes()))  # doctest: +SKIP
@@ -88,8 +103,9 @@ class Graph:
         if node.op != "call_module":
             return {}
         mod = self.module.get_submodule(node.target)
-        out = {n: f"{node.target}.{n}" for n, _ in mod.named_parameters(recurse=False, remove_duplicate=False)}
-        out.update({n: f"{node.target}.{n}" for n, b in mod.named_buffers(recurse=False) if b is not None})
+        prefix = f"{node.target}." if node.target else ""
+        out = {n: prefix + n for n, _ in mod.named_parameters(remove_duplicate=False)}
+        out.update({n: prefix + n for n, b in mod.named_buffers(remove_duplicate=False) if b is not None})
         return out
 
     def module_nodes(self, fqn: str) -> list[fx.Node]:
@@ -101,54 +117,6 @@ class Graph:
         return pd.DataFrame([{"name": n, "kind": i.kind, "shape": "x".join(map(str, i.shape)) or "scalar",
                               "dtype": str(i.dtype).replace("torch.", "")} for n, i in self.tensors.items()],
                             columns=["name", "kind", "shape", "dtype"])
-
-
-class _Tracer(fx.Tracer):
-    """fx tracer that honours extra leaf modules and remembers which module it is inside."""
-
-    def __init__(self, leaf_types: tuple[type, ...], leaf_names: frozenset[str]) -> None:
-        super().__init__()
-        self.leaf_types = leaf_types
-        self.leaf_names = leaf_names
-        self.scope_trail: list[tuple[str, str]] = []
-
-    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        if qualname in self.leaf_names or (self.leaf_types and isinstance(m, self.leaf_types)):
-            return True
-        return super().is_leaf_module(m, qualname)
-
-    def call_module(self, m: nn.Module, forward: Any, args: Any, kwargs: Any) -> Any:
-        # On failure the stack is left as it was, so the error can name the innermost module.
-        self.scope_trail.append((self.path_of_module(m), type(m).__name__))
-        out = super().call_module(m, forward, args, kwargs)
-        self.scope_trail.pop()
-        return out
-
-
-def _user_frame(exc: BaseException) -> str:
-    """The innermost traceback frame outside torch, i.e. the user's line that failed."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if "/torch/" not in f.filename.replace("\\", "/") and f.filename != __file__]
-    if not frames:
-        return ""
-    f = frames[-1]
-    line = f" `{f.line.strip()}`" if f.line else ""
-    return f" at {f.filename}:{f.lineno}{line}"
-
-
-def _trace_error(exc: Exception, tracer: _Tracer) -> CaptureError:
-    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    if tracer.scope_trail:
-        path, cls = tracer.scope_trail[-1]
-        where = f"module {path or '<root>'!r} ({cls})"
-        fix = (f"mark it as a leaf so it is kept whole: capture(model, inputs, leaf_modules=[{cls}]) "
-               f"or leaf_modules=[{path!r}]" if path else
-               "move the untraceable code into a submodule and pass it in leaf_modules")
-    else:
-        where = "the model's own forward"
-        fix = "move the untraceable code into a submodule and pass it in leaf_modules"
-    return CaptureError(f"cannot trace {where}{_user_frame(exc)}: {type(exc).__name__}: {first_line}. "
-                        f"Fix: {fix}, or remove data-dependent control flow.")
 
 
 class _ShapeRecorder(fx.Interpreter):
@@ -178,64 +146,101 @@ class _ShapeRecorder(fx.Interpreter):
                                f"{type(e).__name__}: {first_line}") from None
 
 
-def _as_tuple(example_inputs: Any) -> tuple:
-    if isinstance(example_inputs, torch.Tensor):
-        return (example_inputs,)
-    if isinstance(example_inputs, (tuple, list)):
-        return tuple(example_inputs)
-    raise CaptureError(f"example_inputs must be a tensor or a tuple of tensors, got {type(example_inputs).__name__}")
+METHODS = ("auto", "fx", "export", "graph_module")
+# modules fx keeps whole although their linears are worth seeing (and whose eval fast path
+# ignores NNI's masks): "auto" exports a model that holds one
+OPAQUE_TO_FX: tuple[type[nn.Module], ...] = (nn.MultiheadAttention, nn.TransformerEncoderLayer,
+                                             nn.TransformerDecoderLayer)
 
 
-def capture(model: nn.Module, example_inputs: Any, *,
-            leaf_modules: Sequence[type | str] = ()) -> Graph:
-    """Trace `model` with torch.fx and record every tensor's shape and dtype.
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
-    `leaf_modules` (classes or FQNs) are kept as single ops instead of traced through;
-    use it for submodules with data-dependent control flow.
+
+def _export(model: Any, args: tuple, kwargs: dict) -> fx.GraphModule:
+    from sparta_explore.tracing.export import export_graph_module
+
+    try:
+        return export_graph_module(model, args, kwargs)
+    except Exception as e:  # export raises many types (UserError, GuardOnDataDependentSymNode, ...)
+        raise CaptureError(f"torch.export could not capture {type(model).__name__}: {type(e).__name__}: "
+                           f"{_first_line(e)}. Fix: make the forward exportable (no data-dependent Python "
+                           "control flow), or capture with method='fx' and leaf_modules") from None
+
+
+def _trace(model: Any, args: tuple, kwargs: dict, method: str, leaf_modules: Sequence[type | str],
+           concrete_args: Mapping[str, Any] | None) -> tuple[fx.GraphModule, str]:
+    from sparta_explore.tracing.fx_trace import trace_fx
+
+    if isinstance(model, torch.export.ExportedProgram):
+        return _export(model, args, kwargs), "export"
+    if isinstance(model, fx.GraphModule) and method in ("auto", "graph_module"):
+        return model, "graph_module"  # taken as it is: never traced again
+    if method == "export" or (method == "auto" and any(isinstance(m, OPAQUE_TO_FX) for m in model.modules())):
+        return _export(model, args, kwargs), "export"
+    try:
+        return trace_fx(model, leaf_modules, concrete_args), "fx"
+    except CaptureError as fx_error:
+        if method == "fx":
+            raise
+        try:
+            return _export(model, args, kwargs), "export"
+        except CaptureError as export_error:
+            raise CaptureError(f"{fx_error} With method='export': {export_error}") from None
+
+
+def capture(model: nn.Module | fx.GraphModule | torch.export.ExportedProgram, example_inputs: Any, *,
+            kwargs: Mapping[str, Any] | None = None, leaf_modules: Sequence[type | str] = (),
+            concrete_args: Mapping[str, Any] | None = None, method: str = "auto") -> Graph:
+    """Capture `model` as a graph and record every tensor's shape and dtype on the example inputs.
+
+    `model` is a plain `nn.Module`, an existing `torch.fx.GraphModule` (used as it is, never
+    traced again) or a `torch.export.ExportedProgram`. `example_inputs` is a tensor, a tuple
+    of positional inputs, or a dict of keyword inputs (e.g. ``input_ids`` and
+    ``attention_mask``); `kwargs` adds keyword inputs to positional ones.
+
+    `method`: "fx" (symbolic tracing; `leaf_modules` (classes or FQNs) are kept whole,
+    `concrete_args` fix arguments to constants), "export" (`torch.export`, the path for
+    Hugging Face models: ATen calls are rewritten to torch calls and leaf modules re-lifted),
+    or "auto": fx, unless the model holds torch.nn attention (`OPAQUE_TO_FX`), with export
+    as the fallback when fx cannot trace.
 
     Example:
         >>> g = capture(nn.Sequential(nn.Linear(4, 3), nn.ReLU()), torch.randn(2, 4))
-        >>> [n.name for n in g.nodes()]
-        ['_0', '_1']
+        >>> [n.name for n in g.nodes()], g.method
+        (['_0', '_1'], 'fx')
     """
-    if not isinstance(model, nn.Module):
-        raise CaptureError(f"capture needs an nn.Module, got {type(model).__name__}")
-    inputs = _as_tuple(example_inputs)
-    leaf_types = tuple(m for m in leaf_modules if isinstance(m, type))
-    leaf_names = frozenset(m for m in leaf_modules if isinstance(m, str))
-    unknown = [n for n in leaf_names if n and n not in dict(model.named_modules())]
-    if unknown:
-        raise CaptureError(f"leaf_modules names {unknown} are not submodules of {type(model).__name__}")
-    tracer = _Tracer(leaf_types, leaf_names)
-    try:
-        fx_graph = tracer.trace(model)
-    except Exception as e:  # fx raises many types (TraceError, TypeError, ...)
-        raise _trace_error(e, tracer) from None
-    gm = fx.GraphModule(tracer.root, fx_graph, type(model).__name__)
+    from sparta_explore.tracing.inputs import as_call, flat_inputs, set_mode
 
-    placeholders = [n for n in fx_graph.nodes if n.op == "placeholder"]
-    required = [n for n in placeholders if not n.args]  # placeholders with defaults have args
-    if not len(required) <= len(inputs) <= len(placeholders):
-        raise CaptureError(f"{type(model).__name__}.forward takes {len(required)}..{len(placeholders)} inputs "
-                           f"({', '.join(n.name for n in placeholders)}), got {len(inputs)} example inputs")
+    if method not in METHODS:
+        raise CaptureError(f"method must be one of {list(METHODS)}, got {method!r}")
+    if not isinstance(model, (nn.Module, torch.export.ExportedProgram)):
+        raise CaptureError(f"capture needs an nn.Module, a GraphModule or an ExportedProgram, got "
+                           f"{type(model).__name__}")
+    args, call_kwargs = as_call(example_inputs, kwargs)
+    gm, used = _trace(model, args, call_kwargs, method, leaf_modules, concrete_args)
+    root = model if isinstance(model, nn.Module) and used in ("fx", "export") else gm
+    flat = flat_inputs(root if used == "fx" else gm, gm, args, call_kwargs)
     recorder = _ShapeRecorder(gm)
-    was_training = model.training
-    model.eval()
+    was_training = set_mode(root, False)
     try:
         with torch.no_grad():
-            recorder.run_example(inputs)
+            recorder.run_example(flat)
     finally:
-        model.train(was_training)
+        set_mode(root, was_training)
+    fx_graph = gm.graph
+    placeholders = [n for n in fx_graph.nodes if n.op == "placeholder"]
+    source = gm if used == "export" else root
 
     tensors: dict[str, TensorInfo] = {}
     canonical_of: dict[int, str] = {}
     aliases: dict[str, str] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
+    for name, p in source.named_parameters(remove_duplicate=False):
         tensors[name] = TensorInfo(tuple(p.shape), p.dtype, "param")
         first = canonical_of.setdefault(id(p), name)
         if first != name:
             aliases[name] = first
-    for name, b in model.named_buffers(remove_duplicate=False):
+    for name, b in source.named_buffers(remove_duplicate=False):
         tensors[name] = TensorInfo(tuple(b.shape), b.dtype, "buffer")
 
     attr_nodes: dict[str, str] = {}
@@ -253,9 +258,11 @@ def capture(model: nn.Module, example_inputs: Any, *,
             tuple_shapes[n.name] = [tuple(v.shape) for v in value]
         elif _is_constant(value):
             constants[n.name] = value  # sizes, shapes, dims: what later stages need to replay an op
-    return Graph(module=gm, root=model, tensors=tensors, inputs=[n.name for n in placeholders],
+    call_args, call_kw = (args, call_kwargs) if used == "export" else (flat, {})
+    return Graph(module=gm, root=root, tensors=tensors, inputs=[n.name for n in placeholders],
                  outputs=_output_names(fx_graph), aliases=aliases, attr_nodes=attr_nodes, constants=constants,
-                 tuple_shapes=tuple_shapes, example_inputs=tuple(inputs))
+                 tuple_shapes=tuple_shapes, example_inputs=flat, call_args=tuple(call_args),
+                 call_kwargs=dict(call_kw), method=used)
 
 
 def _is_constant(value: Any) -> bool:

@@ -88,12 +88,12 @@ def lower(candidate: Candidate, ctx: LowerContext) -> nn.Module:
 
 @register_builder("dense", "linear")
 def _dense_linear(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Module:
-    return DenseLinear(part_weight(ctx.module, sub), bias, activation)
+    return DenseLinear(part_weight(ctx.module, sub), bias, activation, act_bits=sub.act_bits)
 
 
 @register_builder("shrink", "linear")
 def _shrink_linear(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Module:
-    return ShrunkLinear(part_weight(ctx.module, sub), bias, sub.mask, activation)
+    return ShrunkLinear(part_weight(ctx.module, sub), bias, sub.mask, activation, act_bits=sub.act_bits)
 
 
 @register_builder("sparse", "linear")

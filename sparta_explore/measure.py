@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -94,7 +95,25 @@ def _flops_of(module: nn.Module, out: object) -> tuple[int, float] | None:
     return None
 
 
-def count_flops(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> tuple[int, int]:
+def call_of(inputs: Any) -> tuple[tuple, dict]:
+    """(args, kwargs) for calling a model on `inputs`: a tensor, a tuple, a dict of keyword inputs, or a `Graph`.
+
+    Example:
+        >>> call_of({"input_ids": 1})
+        ((), {'input_ids': 1})
+    """
+    from sparta_explore.graph import Graph
+
+    if isinstance(inputs, Graph):
+        return tuple(inputs.call_args), dict(inputs.call_kwargs)
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,), {}
+    if isinstance(inputs, Mapping):
+        return (), dict(inputs)
+    return tuple(inputs), {}
+
+
+def count_flops(model: nn.Module, example_inputs: Any) -> tuple[int, int]:
     """(dense, effective) multiply-add FLOPs (2 per MAC) of the weighted ops in one forward.
 
     Effective FLOPs scale each op by the fraction of its weights that are nonzero (or the
@@ -119,11 +138,12 @@ def count_flops(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> tup
             totals[0] += flops[0]
             totals[1] += flops[0] * flops[1]
 
+    args, kwargs = call_of(example_inputs)
     handles = [h for m in model.modules()
                for h in (m.register_forward_pre_hook(claim), m.register_forward_hook(count))]
     try:
         with torch.inference_mode():
-            model(*example_inputs)
+            model(*args, **kwargs)
     finally:
         for h in handles:
             h.remove()
@@ -165,11 +185,13 @@ def _reset_peak_rss() -> bool:
         return False
 
 
-def measure(model: nn.Module, example_inputs: Sequence[torch.Tensor], *, runs: int = 30, warmup: int = 3,
+def measure(model: nn.Module, example_inputs: Any, *, runs: int = 30, warmup: int = 3,
             count: bool = True) -> Measurement:
     """Time `runs` forward calls of `model` on `example_inputs` after `warmup` untimed ones.
 
-    `count=False` skips the FLOP count (one extra forward with hooks).
+    `example_inputs` is a tuple of positional inputs, a dict of keyword inputs, or a
+    `Graph` (called the way it was captured). `count=False` skips the FLOP count (one
+    extra forward with hooks).
 
     Example:
         >>> m = measure(model, (x,), runs=20)  # doctest: +SKIP
@@ -177,24 +199,25 @@ def measure(model: nn.Module, example_inputs: Sequence[torch.Tensor], *, runs: i
     """
     if runs < 1 or warmup < 0:
         raise ValueError(f"runs must be >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
-    inputs = tuple(example_inputs)
-    was_training = model.training
-    model.eval()
+    from sparta_explore.tracing.inputs import set_mode
+
+    args, kwargs = call_of(example_inputs)
+    was_training = set_mode(model, False)
     try:
         with torch.inference_mode():
             for _ in range(warmup):
-                model(*inputs)
+                model(*args, **kwargs)
             rss0 = _rss_kib("VmRSS")
             tracked = _reset_peak_rss() and rss0 is not None
             times = []
             for _ in range(runs):
                 t0 = time.perf_counter()
-                model(*inputs)
+                model(*args, **kwargs)
                 times.append((time.perf_counter() - t0) * 1e3)
             peak = _rss_kib("VmHWM") if tracked else None
-        dense, effective = count_flops(model, inputs) if count else (0, 0)
+        dense, effective = count_flops(model, example_inputs) if count else (0, 0)
     finally:
-        model.train(was_training)
+        set_mode(model, was_training)
     p10, median, p90 = np.percentile(times, [10, 50, 90])
     return Measurement(
         median_ms=float(median), p10_ms=float(p10), p90_ms=float(p90), runs=runs, threads=torch.get_num_threads(),

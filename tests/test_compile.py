@@ -154,7 +154,7 @@ def test_an_op_no_candidate_can_build_keeps_its_own_module(device, cache_dir, mo
     def broken(candidate, ctx):
         raise RuntimeError("no kernel today")
 
-    monkeypatch.setattr("sparta_explore.compile.lower", broken)
+    monkeypatch.setattr("sparta_explore.compile_choose.lower", broken)
     with pytest.warns(CompileWarning, match="no candidate could run"):
         cm = compile(model, table, (x,), device=device, cache_dir=cache_dir, tune=False)
     op = next(iter(cm.plan.ops.values()))

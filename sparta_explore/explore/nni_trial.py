@@ -172,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sparta_explore.explore.nni_trial", description=__doc__.splitlines()[0])
     p.add_argument("--objective", default=None, help="objective whose score is the result's default")
     p.add_argument("--target", type=float, default=None, help="cost target as a fraction of the dense cost")
-    p.add_argument("--model", default=None, help="embedded digits model (default: TrialParams' default)")
+    p.add_argument("--workload", "--model", dest="workload", default=None,
+                   help="built-in workload or 'module:attr' / 'file.py:attr' (default: TrialParams' default)")
     p.add_argument("--finetune-epochs", type=int, default=None, help="epochs of mask-respecting fine-tuning")
     p.add_argument("--set", type=_kv, action="append", default=[], metavar="KEY=VALUE",
                    help="any other fixed TrialParams field (JSON value), repeatable")
@@ -195,7 +196,7 @@ def fixed_params(args: argparse.Namespace) -> dict[str, Any]:
         >>> fixed_params(build_parser().parse_args(["--target", "0.4", "--set", "block=1x32"]))
         {'target': 0.4, 'block': '1x32'}
     """
-    named = {"objective": args.objective, "target": args.target, "model": args.model,
+    named = {"objective": args.objective, "target": args.target, "workload": args.workload,
              "finetune_epochs": args.finetune_epochs}
     out = {k: v for k, v in named.items() if v is not None}
     for key, value in args.set:
@@ -226,7 +227,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     """Run one NNI trial (the module's entry point); returns the exit status.
 
     Example:
-        >>> main(["--model", "digits-mlp", "--set", "finetune_epochs=0"])  # doctest: +SKIP
+        >>> main(["--workload", "digits-mlp", "--set", "finetune_epochs=0"])  # doctest: +SKIP
     """
     import os
 

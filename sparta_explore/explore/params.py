@@ -6,7 +6,9 @@ round-trip it, and the canonical JSON is the key a sweep resumes by.
 
 Fields (defaults in brackets):
 
-* ``model`` [digits-ffn]: an embedded digits model (`sparta-explore models`).
+* ``workload`` [digits-ffn]: a built-in workload (the embedded digits models, `sparta-explore
+  models`) or a reference ``package.module:attr`` / ``path/file.py:attr`` to a `Workload`
+  (see `sparta_explore.workload`). ``model`` is accepted as the old name of this key.
 * ``pruner`` [block]: any registered pruner (block, nm, level, l1norm, l2norm, fpgm,
   taylor, slim, movement, agp, linear); ``sparsity`` [0.5] in [0, 1).
 * ``layer_sparsity`` [{}]: per-layer overrides {module name: sparsity}; layers not named
@@ -24,8 +26,8 @@ Fields (defaults in brackets):
   lowers each tensor below ``bits`` (16, 8, 4) while the accuracy drop on held-out
   training digits stays within ``calibrate_threshold`` [0.01]; with bits=32 it alone
   decides the bits.
-* ``finetune_epochs`` [1]: epochs of mask-respecting fine-tuning on the digits.
-* ``batch`` [None]: rows per latency measurement; None = the model's default batch.
+* ``finetune_epochs`` [1]: epochs of mask-respecting fine-tuning on the workload's training batches.
+* ``batch`` [None]: batch size of the latency inputs; None = the workload's default.
 * ``seed`` [0]; ``objective`` [latency] and ``target`` [0.5]: see `objectives`.
 
 Example:
@@ -48,6 +50,7 @@ from typing import Any
 from sparta_explore.cache import content_key
 from sparta_explore.errors import ConfigError
 from sparta_explore.explore.objectives import check_target, get_objective
+from sparta_explore.workload import check_reference
 
 FLOAT_BITS = 32
 INT_BITS = range(2, 9)  # what the int8 kernels run (fake_quant.INT_BITS)
@@ -143,7 +146,7 @@ class TrialParams:
         sparta_explore.errors.ConfigError: sparsity must be in [0, 1), got 1.5
     """
 
-    model: str = "digits-ffn"
+    workload: str = "digits-ffn"
     pruner: str = "block"
     sparsity: float = 0.5
     layer_sparsity: tuple[tuple[str, float], ...] = ()
@@ -161,7 +164,7 @@ class TrialParams:
 
     def __post_init__(self) -> None:
         put = object.__setattr__
-        for key in ("model", "pruner", "scope", "quantizer", "objective"):
+        for key in ("workload", "pruner", "scope", "quantizer", "objective"):
             put(self, key, _as_str(key, getattr(self, key)))
         for key in ("bits", "finetune_epochs", "seed"):
             put(self, key, _as_int(key, getattr(self, key)))
@@ -187,14 +190,7 @@ class TrialParams:
         if self.finetune_epochs < 0:
             raise ConfigError(f"finetune_epochs must be >= 0, got {self.finetune_epochs}")
         get_objective(self.objective)
-        self._check_model()
-
-    def _check_model(self) -> None:
-        from sparta_explore.zoo.registry import get_spec  # torch-only; no scikit-learn at import
-
-        if get_spec(self.model).task != "digits":
-            raise ConfigError(f"model {self.model!r} has no digits task: trials need a model they can "
-                              "fine-tune and score (see `sparta-explore models`)")
+        check_reference(self.workload)
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> TrialParams:
@@ -211,6 +207,10 @@ class TrialParams:
         if not isinstance(values, Mapping):
             raise ConfigError(f"trial parameters must be a dict, got {type(values).__name__}")
         values = dict(values)
+        if "model" in values:  # the key's old name
+            if "workload" in values and values["workload"] != values["model"]:
+                raise ConfigError(f"both workload={values['workload']!r} and model={values['model']!r} given")
+            values["workload"] = values.pop("model")
         layers = dict(_layer_sparsity(values.pop("layer_sparsity", ())))
         layers.update({k[len(LAYER_KEY):]: v for k, v in values.items() if k.startswith(LAYER_KEY)})
         values = {k: v for k, v in values.items() if not k.startswith(LAYER_KEY)}

@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +99,9 @@ def plot_accuracy_latency(df: pd.DataFrame, path: str | os.PathLike, *, title: s
     if "target" in df.columns and df["target"].notna().any():
         target = float(df["target"].median())
         ax.axvline(target * dense_ms, color="gray", ls=":", lw=1.2, label=f"latency target ({target:g} x dense)")
-    return _finish(fig, ax, path, plt, "measured latency (ms, median)", "test accuracy (compiled model)",
-                   title or "accuracy vs measured latency")
+    label = metric_label(df)
+    return _finish(fig, ax, path, plt, "measured latency (ms, median)", f"{label} (compiled model, held-out data)",
+                   title or f"{label} vs measured latency")
 
 
 def plot_latency_flops(df: pd.DataFrame, path: str | os.PathLike, *, title: str | None = None) -> Path:
@@ -166,15 +168,32 @@ def result_groups(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     """(suffix, rows) per (model, batch) group; the suffix is "" when there is only one group.
 
     Example:
-        >>> [s for s, _ in result_groups(pd.DataFrame({"model": ["a", "b"], "batch": [1, 1]}))]
+        >>> [s for s, _ in result_groups(pd.DataFrame({"workload": ["a", "b"], "batch": [1, 1]}))]
         ['-a-b1', '-b-b1']
     """
     if df.empty:
         return []
-    groups = list(df.groupby(["model", "batch"], sort=True))
+    groups = list(df.groupby(["workload", "batch"], sort=True))
     if len(groups) == 1:
         return [("", df)]
-    return [(f"-{model}-b{batch}", rows) for (model, batch), rows in groups]
+    return [(f"-{_slug(model)}-b{batch}", rows) for (model, batch), rows in groups]
+
+
+def _slug(name: object) -> str:
+    # a workload may be named by a path ("experiments/workloads/bert.py:workload"): keep file names flat
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(name)).strip("_") or "workload"
+
+
+def metric_label(df: pd.DataFrame) -> str:
+    """The workload's metric name ("accuracy" for the digits), from the rows.
+
+    Example:
+        >>> metric_label(pd.DataFrame({"metric_name": ["f1"]}))
+        'f1'
+    """
+    if "metric_name" in df.columns and df["metric_name"].notna().any():
+        return str(df["metric_name"].dropna().iloc[0])
+    return "accuracy"
 
 
 def plot_results(df: pd.DataFrame, out_dir: str | os.PathLike) -> list[Path]:
@@ -187,9 +206,9 @@ def plot_results(df: pd.DataFrame, out_dir: str | os.PathLike) -> list[Path]:
     out = Path(out_dir)
     paths = []
     for suffix, rows in result_groups(df):
-        model, batch = rows["model"].iloc[0], int(rows["batch"].iloc[0])
+        model, batch = rows["workload"].iloc[0], int(rows["batch"].iloc[0])
         paths.append(plot_accuracy_latency(rows, out / ACCURACY_LATENCY_PNG.replace(".png", f"{suffix}.png"),
-                                           title=f"{model}, batch {batch}: accuracy vs measured latency"))
+                                           title=f"{model}, batch {batch}: {metric_label(rows)} vs measured latency"))
         paths.append(plot_latency_flops(rows, out / LATENCY_FLOPS_PNG.replace(".png", f"{suffix}.png"),
                                         title=f"{model}, batch {batch}: measured latency vs effective FLOPs"))
     if not paths:

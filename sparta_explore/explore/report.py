@@ -97,7 +97,7 @@ def _misleading(df: pd.DataFrame) -> tuple[float, pd.DataFrame]:
 def _section(df: pd.DataFrame, target: float, images: Sequence[str]) -> list[str]:
     ref = reference_point(df)
     dense_acc = float(df["dense_accuracy"].median())
-    model, batch = df["model"].iloc[0], int(df["batch"].iloc[0])
+    model, batch = df["workload"].iloc[0], int(df["batch"].iloc[0])
     threads = int(df["threads"].median()) if "threads" in df.columns else "?"
     spread = (f" Dense latency across trials: {df['dense_latency_ms'].min():.3f} to "
               f"{df['dense_latency_ms'].max():.3f} ms (machine load; each trial's speedup is against its own "

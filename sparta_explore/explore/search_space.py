@@ -1,4 +1,4 @@
-"""The NNI search space of the embedded default, built from the model's prunable layers.
+"""The NNI search space of a workload, built from its prunable layers.
 
 Every key is a `TrialParams` field, so `nni_trial` feeds NNI's parameters to `run_trial`
 unchanged, and every value is one TrialParams accepts, so TPE, Evolution, Random and
@@ -13,14 +13,14 @@ unchanged, and every value is one TrialParams accepts, so TPE, Evolution, Random
   layer; "global" ranks the blocks of all layers together, so each layer's own sparsity is
   chosen by weight magnitude.
 
-The classifier head is not a prunable layer (trials leave it dense: pruning its rows
-deletes classes). `experiments/search_space.json` is this module's output for the
+The workload's head is not a prunable layer (trials leave it dense: pruning its rows
+deletes outputs). `experiments/search_space.json` is this module's output for the
 default config; a test checks the file has not drifted from it.
 
 Regenerate it with ``python -m sparta_explore.explore.search_space --out experiments/search_space.json``.
 
 Example:
-    >>> space = build_search_space(SpaceConfig(model="digits-mlp", blocks=("1x32", "32x32", "96x32")))
+    >>> space = build_search_space(SpaceConfig(workload="digits-mlp", blocks=("1x32", "32x32", "96x32")))
     >>> space["block"]["_value"]
     ['1x32', '32x32']
 """
@@ -41,6 +41,7 @@ from torch import nn
 from sparta_explore.cache import atomic_write
 from sparta_explore.errors import ConfigError
 from sparta_explore.explore.params import LAYER_KEY, TrialParams, format_block, parse_block
+from sparta_explore.workload import Workload, load_workload
 
 SEARCH_SPACE_FILE = Path("experiments") / "search_space.json"
 
@@ -56,7 +57,7 @@ class SpaceConfig:
         sparta_explore.errors.ConfigError: bits must be 32 (float) or 2..8 (integer kernels), got 16
     """
 
-    model: str = "digits-ffn"
+    workload: str = "digits-ffn"
     sparsities: tuple[float, ...] = (0.5, 0.6, 0.7, 0.8, 0.9)
     blocks: tuple[str, ...] = ("1x32", "32x32", "64x64")
     # 4 bits runs at int8 speed (the int8 kernels run 2..8-bit grids) and only loses accuracy
@@ -75,7 +76,7 @@ class SpaceConfig:
             if len(set(values)) != len(values):
                 raise ConfigError(f"{name} repeats a value: {list(values)}")
         # every candidate must be a value TrialParams accepts: a bad one fails here, not in trial 17
-        base = TrialParams(model=self.model)
+        base = TrialParams(workload=self.workload)
         for s in self.sparsities:
             base.replace(sparsity=s)
         for b in self.blocks:
@@ -106,46 +107,45 @@ class PrunableLayer:
         return self.rows % block[0] == 0 and self.cols % block[1] == 0
 
 
-def prunable_layers(model: nn.Module) -> list[PrunableLayer]:
-    """The Linear and Conv2d weights a trial prunes: every one but the classifier head.
+def prunable_layers(workload: Workload | nn.Module) -> list[PrunableLayer]:
+    """The weights a trial's pruner targets (the workload's prunable modules), with their GEMM views.
 
     Example:
         >>> prunable_layers(nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Linear(96, 10)))
         [PrunableLayer(name='0', rows=96, cols=64)]
     """
-    from sparta_explore.zoo.registry import classifier_head
+    from sparta_explore.pruners.selection import gemm_weight
 
-    head = classifier_head(model)
+    if isinstance(workload, nn.Module):
+        workload = Workload("model", workload, (), metric=lambda m: 0.0)
+    model = workload.dense_model()
     out = []
-    for name, module in model.named_modules():
-        if isinstance(module, (nn.Linear, nn.Conv2d)) and name != head:
-            w = module.weight
-            out.append(PrunableLayer(name, int(w.shape[0]), int(w[0].numel())))
+    for name in workload.prunable_modules(model):
+        w = gemm_weight(model.get_submodule(name))
+        out.append(PrunableLayer(name, int(w.shape[0]), int(w[0].numel())))
     return out
 
 
 def build_search_space(config: SpaceConfig | None = None) -> dict[str, Any]:
-    """The NNI search space (choices only) for `config.model`; keys with one value are left out.
+    """The NNI search space (choices only) for `config.workload`; keys with one value are left out.
 
     A left-out key takes the trial's default (or the value on the trial command line).
 
     Example:
-        >>> sorted(build_search_space(SpaceConfig(model="digits-mlp", per_layer=False)))
+        >>> sorted(build_search_space(SpaceConfig(workload="digits-mlp", per_layer=False)))
         ['bits', 'block', 'sparsity']
-        >>> sorted(build_search_space(SpaceConfig(model="digits-mlp")))[2:]
+        >>> sorted(build_search_space(SpaceConfig(workload="digits-mlp")))[2:]
         ['sparsity@layers.0', 'sparsity@layers.1']
     """
-    from sparta_explore.zoo.registry import build_model
-
     cfg = config or SpaceConfig()
-    layers = prunable_layers(build_model(cfg.model))
+    layers = prunable_layers(load_workload(cfg.workload))
     if not layers:
-        raise ConfigError(f"model {cfg.model!r} has no prunable layer besides its classifier head")
+        raise ConfigError(f"workload {cfg.workload!r} has no prunable layer besides its head")
     blocks = [format_block(parse_block(b)) for b in cfg.blocks]
     fitting = [b for b in blocks if all(layer.fits(parse_block(b)) for layer in layers)]
     if not fitting:
         shapes = ", ".join(f"{la.name} {la.rows}x{la.cols}" for la in layers)
-        raise ConfigError(f"none of the blocks {blocks} tiles every prunable layer of {cfg.model!r} ({shapes})")
+        raise ConfigError(f"none of the blocks {blocks} tiles every prunable layer of {cfg.workload!r} ({shapes})")
     sparsities = [float(s) for s in cfg.sparsities]
     per_layer = {f"{LAYER_KEY}{layer.name}": sparsities for layer in layers} if cfg.per_layer else {}
     axes: dict[str, list[Any]] = {**per_layer, **({} if cfg.per_layer else {"sparsity": sparsities}),
@@ -170,7 +170,7 @@ def write_search_space(path: str | os.PathLike, config: SpaceConfig | None = Non
     """Write the search space of `config` (default: the embedded default) to `path`, atomically.
 
     Example:
-        >>> write_search_space("/tmp/space-doc/space.json", SpaceConfig(model="digits-mlp")).exists()
+        >>> write_search_space("/tmp/space-doc/space.json", SpaceConfig(workload="digits-mlp")).exists()
         True
     """
     text = format_search_space(build_search_space(config)).encode()
@@ -181,16 +181,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the default search space, or write it with ``--out``.
 
     Example:
-        >>> main(["--model", "digits-mlp", "--out", "/tmp/space-doc/mlp.json"])
+        >>> main(["--workload", "digits-mlp", "--out", "/tmp/space-doc/mlp.json"])
         wrote /tmp/space-doc/mlp.json
         0
     """
     parser = argparse.ArgumentParser(prog="python -m sparta_explore.explore.search_space",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=SpaceConfig.model, help="embedded digits model")
+    parser.add_argument("--workload", "--model", dest="workload", default=SpaceConfig.workload,
+                        help="built-in workload or 'module:attr' / 'file.py:attr'")
     parser.add_argument("--out", type=Path, default=None, help=f"write here (e.g. {SEARCH_SPACE_FILE})")
     args = parser.parse_args(argv)
-    cfg = SpaceConfig(model=args.model)
+    cfg = SpaceConfig(workload=args.workload)
     if args.out is None:
         sys.stdout.write(format_search_space(build_search_space(cfg)))
     else:

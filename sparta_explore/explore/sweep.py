@@ -41,7 +41,7 @@ TrialFn = Callable[[TrialParams], "TrialResult | Mapping[str, Any]"]
 ROWS = "rows"
 RESULTS_CSV = "results.csv"
 # what plots and reports read from every row: a CSV without them is not a results table
-RESULT_COLUMNS = ("model", "batch", "accuracy", "dense_accuracy", "latency_ms", "dense_latency_ms", "dense_flops",
+RESULT_COLUMNS = ("workload", "batch", "accuracy", "dense_accuracy", "latency_ms", "dense_latency_ms", "dense_flops",
                   "effective_flops")
 
 
@@ -49,7 +49,7 @@ def expand_grid(grid: Grid, base: Mapping[str, Any] | TrialParams | None = None)
     """Every point of `grid` as TrialParams over `base` (defaults if None); duplicates dropped.
 
     Example:
-        >>> len(expand_grid({"sparsity": [0.5, 0.5, 0.9]}, base={"model": "digits-mlp"}))
+        >>> len(expand_grid({"sparsity": [0.5, 0.5, 0.9]}, base={"workload": "digits-mlp"}))
         2
     """
     base_dict = TrialParams.from_dict(base).to_dict() if base is not None else {}
@@ -187,6 +187,8 @@ def load_results(path: str | os.PathLike) -> pd.DataFrame:
         raise FileNotFoundError(f"no results at {path} (expected a sweep folder or a results CSV)")
     try:
         df = pd.read_csv(path, keep_default_na=True)
+        if "model" in df.columns and "workload" not in df.columns:  # written before workloads had their name
+            df = df.rename(columns={"model": "workload"})
     except (UnicodeDecodeError, ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
         raise FileFormatError(f"{path} is not a results CSV: {type(e).__name__}: {str(e).splitlines()[0]}") from None
     missing = [c for c in RESULT_COLUMNS if c not in df.columns]

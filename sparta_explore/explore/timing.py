@@ -13,18 +13,22 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
-import torch
+import torch  # noqa: F401  (used by the docstring examples)
 from torch import nn
 
+from sparta_explore.graph import Graph
 from sparta_explore.measure import Measurement, measure
 
 
-def interleaved_measure(models: Sequence[nn.Module], example_inputs: Sequence[torch.Tensor], *, runs: int = 20,
+def interleaved_measure(models: Sequence[nn.Module], example_inputs: Any, *, runs: int = 20,
                         warmup: int = 3) -> list[Measurement]:
     """One `Measurement` per model from `runs` alternating calls (after `warmup` each); no FLOP count.
+
+    `example_inputs`: a tuple, a dict of keyword inputs, or a `Graph` (as `measure` takes).
 
     Peak memory is the largest growth seen in any of a model's calls.
 
@@ -35,7 +39,7 @@ def interleaved_measure(models: Sequence[nn.Module], example_inputs: Sequence[to
     """
     if runs < 1 or warmup < 0:
         raise ValueError(f"runs must be >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
-    inputs = tuple(example_inputs)
+    inputs = example_inputs if isinstance(example_inputs, (Mapping, Graph)) else tuple(example_inputs)
     first = [measure(m, inputs, runs=1, warmup=warmup, count=False) for m in models]
     times: list[list[float]] = [[] for _ in models]
     peaks: list[list[float]] = [[] for _ in models]

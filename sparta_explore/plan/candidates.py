@@ -67,12 +67,20 @@ def _fp32_grid(option: BitOption, width: int) -> int:
     return grid if grid <= INT8 else FP32
 
 
-def dense_candidate(info: OpInfo, device: DeviceProfile) -> Candidate:
-    """The unchanged dense op (masked weights; fake-quantized when asked for <= 8 bits)."""
+def _dense_grids(info: OpInfo) -> tuple[int, int]:
+    """(weight grid, activation grid) of a dense op computing what the TeSAs ask: a linear whose weights
+    and input are both at <= 8 bits quantizes its input rows too, as the int8 kernel does."""
     top = int(info.bits.max()) if info.bits.numel() else FP32
     grid = top if 0 < top <= INT8 else FP32
+    act = info.act_bits if info.kind == "linear" and grid <= INT8 and info.act_bits <= INT8 else FP32
+    return grid, act
+
+
+def dense_candidate(info: OpInfo, device: DeviceProfile) -> Candidate:
+    """The unchanged dense op (masked weights; fake-quantized when asked for <= 8 bits)."""
+    grid, act = _dense_grids(info)
     ms = device.dense_ms(out_features=info.out_features, in_features=info.in_features, bits=FP32, m=info.m)
-    return Candidate("dense", (SubOp("dense", tuple(info.kept.shape), grid, FP32, 1, info.kept),), ms)
+    return Candidate("dense", (SubOp("dense", tuple(info.kept.shape), grid, act, 1, info.kept),), ms)
 
 
 def shrink_candidate(info: OpInfo, device: DeviceProfile) -> Candidate | None:
@@ -83,7 +91,8 @@ def shrink_candidate(info: OpInfo, device: DeviceProfile) -> Candidate | None:
     dense = dense_candidate(info, device)
     share = rows * cols / max(1, info.out_features * info.in_features)
     ms = dense.predicted_ms * (share + SHRINK_COPY_SHARE)
-    return Candidate("shrink", (SubOp("shrink", (rows, cols), dense.parts[0].weight_bits, FP32, 1, info.kept),), ms)
+    part = dense.parts[0]
+    return Candidate("shrink", (SubOp("shrink", (rows, cols), part.weight_bits, part.act_bits, 1, info.kept),), ms)
 
 
 def _cover_costs(device: DeviceProfile, bits: int) -> dict[tuple[int, int], float]:

@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
 import torch
@@ -67,6 +68,7 @@ class Candidate:
 class OpPlan:
     """What the planner knows and decided about one weighted op.
 
+    `target` is the module FQN of a call_module op ("" for a functional one);
     `m` is the number of activation rows the op sees per call (batch x tokens / pixels);
     `activation` the elementwise op fused into it ("none", "relu", "gelu") and
     `activation_node` the graph node the fusion removes.
@@ -88,6 +90,7 @@ class OpPlan:
     chosen: str | None = None
     measured_ms: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    site: Any = None  # the plan.sites.WeightSite this op was planned from
 
     def candidate(self, name: str) -> Candidate:
         for c in self.candidates:

@@ -1,6 +1,6 @@
 """plan(): from a graph and its TeSAs to an ExecutionPlan (predicted; compile measures and chooses).
 
-For every weighted op whose weight TeSA prunes something or asks for fewer than 32 bits,
+For every weight site (`plan.sites`) whose weight TeSA prunes something or asks for fewer than 32 bits,
 the planner reads the kept mask and bits (as an out x in matrix), the rows the op sees per
 call, the bits of its input activation, and whether an elementwise activation right after
 it can be fused; then the op kind's registered generator lists the candidates.
@@ -20,15 +20,13 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from sparta_explore.device import INT8, DeviceProfile
+from sparta_explore.device import DeviceProfile
 from sparta_explore.graph import Graph
 from sparta_explore.plan.bit_rounding import MIN_GRID_BITS, floor_bits
 from sparta_explore.plan.candidates import CANDIDATES, OpInfo
 from sparta_explore.plan.execution_plan import FP32, ExecutionPlan, OpPlan
+from sparta_explore.plan.sites import input_bits, weight_sites
 from sparta_explore.tesa import TeSA
-
-# Module classes the planner knows, by the candidate generator kind that handles them.
-OP_KINDS: dict[type, str] = {nn.Linear: "linear", nn.Conv2d: "conv"}
 
 # Elementwise ops a kernel can fuse after a linear: fx target -> kernel activation name.
 FUSABLE: dict[object, str] = {nn.ReLU: "relu", F.relu: "relu", torch.relu: "relu", "relu": "relu",
@@ -56,19 +54,7 @@ def _fusable(graph: Graph, node: fx.Node) -> tuple[str, str | None]:
     return (act, user.name) if act else ("none", None)
 
 
-def _act_bits(table: Mapping[str, TeSA], graph: Graph, node: fx.Node) -> int:
-    src = node.args[0] if node.args else None
-    if not isinstance(src, fx.Node):
-        return FP32
-    tesa = table.get(graph.tensor_name(src))
-    if tesa is None:
-        return FP32
-    kept = tesa.kept_bits()
-    top = max(kept) if kept else FP32
-    return max(top, MIN_GRID_BITS) if top <= INT8 else FP32
-
-
-def _rows(graph: Graph, node: fx.Node, kind: str, out_features: int) -> int:
+def _rows(graph: Graph, node: fx.Node, out_features: int) -> int:
     out = graph.tensors.get(node.name)
     if out is None:
         return 1
@@ -76,7 +62,10 @@ def _rows(graph: Graph, node: fx.Node, kind: str, out_features: int) -> int:
 
 
 def plan(graph: Graph, table: Mapping[str, TeSA], device: DeviceProfile | None = None) -> ExecutionPlan:
-    """Candidates (with predicted times) for every pruned or quantized weighted op of `graph`.
+    """Candidates (with predicted times) for every pruned or quantized weight site of `graph`.
+
+    Sites are what `plan.sites` finds: Linear / Conv2d modules, Hugging Face Conv1D and
+    functional linears on parameters. Table names may be any alias of a tied weight.
 
     Example:
         >>> p = plan(g, table, device)   # doctest: +SKIP
@@ -84,31 +73,30 @@ def plan(graph: Graph, table: Mapping[str, TeSA], device: DeviceProfile | None =
         'dense'
     """
     device = device or DeviceProfile.load_or_measure()
+    by_canonical = {graph.canonical(name): tesa for name, tesa in table.items()}
     ops: dict[str, OpPlan] = {}
-    for node in graph.nodes():
-        if node.op != "call_module":
+    nodes = {n.name: n for n in graph.nodes()}
+    for site in weight_sites(graph):
+        node = nodes[site.node]
+        tesa = by_canonical.get(site.weight)
+        if tesa is None:
             continue
-        module = graph.module.get_submodule(node.target)
-        kind = OP_KINDS.get(type(module))
-        weight_name = graph.canonical(f"{node.target}.weight")
-        tesa = table.get(weight_name)
-        if kind is None or tesa is None:
-            continue
-        act_bits = _act_bits(table, graph, node) if kind == "linear" else FP32
+        act_bits = input_bits(graph, table, site) if site.kind == "linear" else FP32
         if tesa.sparsity == 0 and all(b >= FP32 for b in tesa.kept_bits()) and act_bits == FP32:
             continue  # nothing to exploit: the op stays as it is
-        tesa.check_fits(module.weight.shape, weight_name)
-        out_features = module.weight.shape[0]
-        kept = tesa.kept.reshape(out_features, -1)
-        bits, raised = floor_bits(tesa.bits.reshape(out_features, -1))
-        info = OpInfo(node.name, kind, kept, bits, _rows(graph, node, kind, out_features), act_bits,
-                      getattr(module, "groups", 1))
-        activation, act_node = _fusable(graph, node) if kind == "linear" else ("none", None)
-        candidates = CANDIDATES.get(kind)(info, device)
+        tesa.check_fits(graph.tensors[site.weight].shape, site.weight)
+        kept = site.weight_2d(tesa.kept)
+        out_features = kept.shape[0]
+        bits, raised = floor_bits(site.weight_2d(tesa.bits))
+        groups = getattr(graph.module.get_submodule(site.module_target), "groups", 1) if site.module_target else 1
+        info = OpInfo(node.name, site.kind, kept, bits, _rows(graph, node, out_features), act_bits, groups)
+        activation, act_node = _fusable(graph, node) if site.kind == "linear" else ("none", None)
+        candidates = CANDIDATES.get(site.kind)(info, device)
         ops[node.name] = OpPlan(
-            op=node.name, target=str(node.target), kind=kind, weight=weight_name, shape=tuple(module.weight.shape),
-            m=info.m, density=float(kept.float().mean()), weight_bits=max(tesa.kept_bits(), default=0),
-            act_bits=act_bits, activation=activation, activation_node=act_node, candidates=candidates,
-            dense_predicted_ms=candidates[0].predicted_ms,
-            notes=[f"weights below {MIN_GRID_BITS} bits run on the {MIN_GRID_BITS}-bit grid"] if raised else [])
+            op=node.name, target=site.module_target or "", kind=site.kind, weight=site.weight,
+            shape=tuple(graph.tensors[site.weight].shape), m=info.m, density=float(kept.float().mean()),
+            weight_bits=max(tesa.kept_bits(), default=0), act_bits=act_bits, activation=activation,
+            activation_node=act_node, candidates=candidates, dense_predicted_ms=candidates[0].predicted_ms,
+            notes=[f"weights below {MIN_GRID_BITS} bits run on the {MIN_GRID_BITS}-bit grid"] if raised else [],
+            site=site)
     return ExecutionPlan(ops, device.key)

@@ -155,8 +155,14 @@ class _Engine:
                     self.readers[name].add(node)
                     self.state.add_reader(name, node.name)
             elif node.op == "output" or (node.op in _OPS and not self._shape_only(node)):
-                for name in self._names_in((node.args, node.kwargs)):
-                    self.state.add_reader(name, _EVERYTHING)  # graph output or an op we cannot see into
+                # the graph output, or an op we cannot see into (e.g. a module returning (tensor, None)):
+                # it needs every element it reads, its module's parameters included
+                inputs = self._names_in((node.args, node.kwargs))
+                if node.op == "call_module":
+                    inputs += [g.canonical(fqn) for fqn in g.params_of(node).values()
+                               if g.canonical(fqn) in self.state.base]
+                for name in inputs:
+                    self.state.add_reader(name, _EVERYTHING)
         for name in self.state.base:
             self.state.recompute(name)
 
@@ -293,27 +299,37 @@ class _Engine:
 
 def run_propagation(graph: Graph, table: Mapping[str, TeSA], *,
                     rules: RuleSet | Mapping[Target, Rule | RuleEntry] | None = None, scramble_trials: int = 16,
-                    max_visits: int | None = None) -> PropagationResult:
+                    max_visits: int | None = None, check: bool = True, tolerance: float = 1e-4) -> PropagationResult:
     """Propagate `table` through `graph`; returns the new table and a report of what each rule did.
+
+    With `check` (default), the result is checked on the example inputs: any tensor whose
+    new pruning changes the output keeps its input TeSA, and `result.check` (and a
+    `PropagationWarning`) names it with the op and rule at fault (see `self_check`).
 
     Example:
         >>> result = run_propagation(capture(model, x), prune(model, cfg))  # doctest: +SKIP
-        >>> result.report.per_op()                                        # doctest: +SKIP
+        >>> result.report.per_op(), result.check.passed                   # doctest: +SKIP
     """
+    from sparta_explore.propagation.self_check import SelfCheck, checked_table
+
     ruleset = default_rules() if rules is None else default_rules().with_overrides(rules)
     start = time.perf_counter()
     engine = _Engine(graph, table, ruleset, scramble_trials)
     before = engine.table()
     engine.run(max_visits)
-    engine.report.seconds = time.perf_counter() - start
     engine.report.nodes = len(engine.ops)
-    return PropagationResult(table=engine.table(), before=before, report=engine.report)
+    out = engine.table()
+    outcome = SelfCheck(tolerance=tolerance)
+    if check and graph.example_inputs:
+        out, outcome = checked_table(graph, before, out, engine.report, tolerance=tolerance)
+    engine.report.seconds = time.perf_counter() - start
+    return PropagationResult(table=out, before=before, report=engine.report, check=outcome, input_table=table)
 
 
 def propagate(graph: Graph, table: Mapping[str, TeSA], *,
               rules: RuleSet | Mapping[Target, Rule | RuleEntry] | None = None, scramble_trials: int = 16,
-              max_visits: int | None = None) -> TeSATable:
-    """Tighten every TeSA in `table` until no rule changes anything.
+              max_visits: int | None = None, check: bool = True) -> TeSATable:
+    """Tighten every TeSA in `table` until no rule changes anything (checked on the example inputs).
 
     `rules` overrides built-in rules for this call ({target: rule}); ops with no rule
     use tensor scrambling with `scramble_trials` random runs.
@@ -321,4 +337,5 @@ def propagate(graph: Graph, table: Mapping[str, TeSA], *,
     Example:
         >>> t = propagate(capture(model, (x,)), prune(model, cfg))  # doctest: +SKIP
     """
-    return run_propagation(graph, table, rules=rules, scramble_trials=scramble_trials, max_visits=max_visits).table
+    return run_propagation(graph, table, rules=rules, scramble_trials=scramble_trials, max_visits=max_visits,
+                           check=check).table

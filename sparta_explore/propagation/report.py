@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
 
@@ -49,11 +51,17 @@ class PropagationReport:
 
 @dataclass
 class PropagationResult:
-    """The propagated table, the table it started from (completed to every tensor), and the report."""
+    """The propagated table, the table it started from (completed to every tensor), the report and the check.
+
+    `input_table` is the table as the user gave it (what `compile` verifies against as well);
+    `check` is the self-check (`self_check.SelfCheck`: output change, reverted tensors).
+    """
 
     table: TeSATable
     before: TeSATable
     report: PropagationReport
+    check: Any = None
+    input_table: Mapping[str, TeSA] | None = None
 
     def compare(self) -> pd.DataFrame:
         """Per tensor: sparsity and mean bits before and after propagation."""

@@ -31,7 +31,8 @@ def scramble(op: OpView, trials: int = 16, seed: int = 0) -> OpUpdate:
         if not dtype.is_floating_point:
             raise Unsupported(f"scrambling needs float inputs; argument {slot!r} is {dtype}")
     g = torch.Generator().manual_seed(seed)
-    module_params = dict(op.module.named_parameters(recurse=False)) if op.module is not None else {}
+    # every parameter the module reads, its children's included (a leaf such as nn.MultiheadAttention)
+    module_params = dict(op.module.named_parameters(remove_duplicate=False)) if op.module is not None else {}
     outputs = op.output if isinstance(op.output, tuple) else (op.output,)
     out_seen = [torch.zeros(o.shape, dtype=torch.bool) for o in outputs]
     in_seen = {slot: torch.zeros(t.shape, dtype=torch.bool) for slot, t in slots}

@@ -40,17 +40,6 @@ class ModelSpec:
 _MODELS: Registry[ModelSpec] = Registry("model")
 
 
-def classifier_head(model: nn.Module) -> str:
-    """FQN of the last nn.Linear: pruning its rows would delete classes, so it stays dense.
-
-    Example:
-        >>> classifier_head(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)))
-        '2'
-    """
-    linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
-    return linears[-1] if linears else ""
-
-
 def register_model(name: str, *, input_shape: tuple[int, ...], default_batch: int, task: str | None,
                    description: str) -> Callable[[Callable[[], nn.Module]], Callable[[], nn.Module]]:
     """Decorator adding a model builder to the zoo under `name`."""

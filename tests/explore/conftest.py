@@ -27,7 +27,7 @@ def synthetic_result(params: TrialParams) -> TrialResult:
     return TrialResult(params, **metrics)
 
 
-GRID = {"model": "digits-mlp", "sparsity": [0.3, 0.6, 0.9], "block": ["32x32", "1x32", "1x1"], "bits": [32, 8]}
+GRID = {"workload": "digits-mlp", "sparsity": [0.3, 0.6, 0.9], "block": ["32x32", "1x32", "1x1"], "bits": [32, 8]}
 
 
 @pytest.fixture

@@ -209,7 +209,7 @@ def _check_outcome(outcome, trials):
         assert space.contains(echoed)
         assert (row["sparsity"], row["block"]) == (echoed["sparsity"], echoed["block"])  # the params that ran
         assert 0.0 <= row["accuracy"] <= 1.0 and row["latency_ms"] > 0 and row["dense_latency_ms"] > 0
-        assert row["model"] == "digits-mlp" and row["objective"] == "latency"
+        assert row["workload"] == "digits-mlp" and row["objective"] == "latency"
     # the in-order handshake kept NNI's own record right, even with two trials at once
     assert df["nni_params_matched"].astype(bool).all()
     assert not _nni_processes(outcome.id), "NNI manager or trials still running after stop"

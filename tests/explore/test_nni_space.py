@@ -112,7 +112,7 @@ def test_every_point_of_the_default_space_is_a_valid_trial():
 
 
 def test_single_valued_keys_are_left_to_the_trial_and_bad_candidates_fail_early():
-    space = build_search_space(SpaceConfig(model="digits-mlp", bits=(32,), scopes=("layer",), per_layer=False))
+    space = build_search_space(SpaceConfig(workload="digits-mlp", bits=(32,), scopes=("layer",), per_layer=False))
     assert set(space) == {"sparsity", "block"}
     with pytest.raises(ConfigError, match="sparsity"):
         SpaceConfig(sparsities=(0.5, 1.0))

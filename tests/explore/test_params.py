@@ -10,11 +10,11 @@ from sparta_explore.explore.params import TrialParams, format_block, parse_block
 
 def test_defaults_are_the_embedded_default():
     p = TrialParams()
-    assert (p.model, p.pruner, p.block, p.bits, p.objective) == ("digits-ffn", "block", (32, 32), 32, "latency")
+    assert (p.workload, p.pruner, p.block, p.bits, p.objective) == ("digits-ffn", "block", (32, 32), 32, "latency")
 
 
 def test_json_round_trip_is_exact():
-    p = TrialParams(model="digits-mlp", sparsity=0.9, block=(1, 32), bits=4, calibrate=True, batch=128,
+    p = TrialParams(workload="digits-mlp", sparsity=0.9, block=(1, 32), bits=4, calibrate=True, batch=128,
                     scope="global", objective="flops-mnas", target=0.3)
     again = TrialParams.from_dict(json.loads(json.dumps(p.to_dict())))
     assert again == p and again.key == p.key and again.canonical_json() == p.canonical_json()
@@ -51,8 +51,10 @@ def test_nni_values_are_coerced():
     ({"calibrate_threshold": 1.5}, "calibrate_threshold"),
     ({"objective": "energy"}, "unknown objective 'energy'; choose one of latency, flops"),
     ({"target": 0}, "target must be a positive fraction"),
-    ({"model": "alexnet"}, "unknown model 'alexnet'"),
-    ({"model": "bert-base"}, "no digits task"),
+    ({"model": "alexnet"}, "unknown workload .alexnet.; built-in: digits-cnn"),
+    ({"workload": "nope.py:"}, "must look like"),
+    ({"workload": "bert-base"}, "unknown workload .bert-base."),
+    ({"workload": "digits-mlp", "model": "digits-cnn"}, "both workload"),
     ({"pruner": ""}, "pruner must be a non-empty string"),
 ])
 def test_bad_values_name_the_key(values, match):

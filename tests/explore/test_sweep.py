@@ -20,7 +20,7 @@ from .conftest import GRID, synthetic_result
 def test_grid_is_a_product_in_axis_order():
     points = expand_grid({"sparsity": [0.5, 0.9], "bits": [32, 8]}, base={"model": "digits-mlp"})
     assert [(p.sparsity, p.bits) for p in points] == [(0.5, 32), (0.5, 8), (0.9, 32), (0.9, 8)]
-    assert all(p.model == "digits-mlp" for p in points)
+    assert all(p.workload == "digits-mlp" for p in points)
 
 
 def test_dict_axes_set_fields_together_and_duplicates_drop():

@@ -10,55 +10,66 @@ from torch import nn
 from sparta_explore.errors import ConfigError
 from sparta_explore.explore.objectives import score
 from sparta_explore.explore.params import TrialParams
-from sparta_explore.explore.trial import (
-    METRIC_FIELDS,
-    ROW_COLUMNS,
-    TrialResult,
-    calibration_ladder,
-    latency_inputs,
-    prune_config,
-    prune_configs,
-    quant_config,
-    resolved_batch,
-    run_trial,
-)
+from sparta_explore.explore.stages import calibration_ladder
+from sparta_explore.explore.trial import METRIC_FIELDS, ROW_COLUMNS, TrialResult, resolved_batch, run_trial
+from sparta_explore.pruners import PruneRequest, get_pruner
+from sparta_explore.quantizers import QuantRequest, get_quantizer
+from sparta_explore.zoo.workloads import repeat_to
 
 MLP = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+LAYERS = ("1",)  # the prunable layers of MLP: its head "3" stays dense
 
 
-def test_block_and_nm_configs_follow_the_params():
-    cfg, exclude = prune_config(TrialParams(block=(1, 32), sparsity=0.75, scope="global"), MLP)
-    assert (cfg.block, cfg.sparsity, cfg.scope, cfg.exclude_op_names, exclude) == ((1, 32), 0.75, "global",
-                                                                                   ("3",), ("3",))
-    nm, _ = prune_config(TrialParams(pruner="nm", sparsity=0.5, block=(1, 4)), MLP)
-    assert (nm.n, nm.m) == (2, 4)
+def _configs(pruner, **request):
+    return get_pruner(pruner).configs_for(PruneRequest(layers=request.pop("layers", LAYERS), **request), MLP)
+
+
+def test_block_and_nm_configs_are_built_by_their_registry_entries():
+    (cfg,) = _configs("block", sparsity=0.75, block=(1, 32), scope="global")
+    assert (cfg.block, cfg.sparsity, cfg.scope, cfg.op_names) == ((1, 32), 0.75, "global", LAYERS)
+    (nm,) = _configs("nm", sparsity=0.5, block=(1, 4))
+    assert (nm.n, nm.m, nm.op_names) == (2, 4, LAYERS)
     with pytest.raises(ConfigError, match="n=2.8"):
-        prune_config(TrialParams(pruner="nm", sparsity=0.3, block=(1, 4)), MLP)
+        _configs("nm", sparsity=0.3, block=(1, 4))
     with pytest.raises(ConfigError, match="needs a block shape"):
-        prune_config(TrialParams(block=None), MLP)
+        _configs("block", sparsity=0.5, block=None)
+    with pytest.raises(ConfigError, match="no global scope"):
+        _configs("nm", sparsity=0.5, scope="global")
 
 
 def test_nni_configs_take_granularity_and_global_groups():
-    cfg, _ = prune_config(TrialParams(pruner="l1norm", block=None), MLP)
-    assert cfg.granularity == "default" and cfg.exclude_op_names == ("3",)
-    level, _ = prune_config(TrialParams(pruner="level", block=(1, 4)), MLP)
-    assert level.granularity == (1, 4)
-    (entry,) = prune_config(TrialParams(pruner="level", block=None, scope="global"), MLP)[0]
-    assert entry["global_group_id"] == 0 and entry["sparse_ratio"] == 0.5 and entry["exclude_op_names"] == ["3"]
-    assert quant_config(TrialParams(bits=4), ("3",)).exclude_op_names == ("3",)
+    ((entry,),) = _configs("l1norm", sparsity=0.5)
+    assert entry["granularity"] == "default" and entry["op_names"] == ["1"] and entry["op_types"] == ["Linear"]
+    ((level,),) = _configs("level", sparsity=0.5, block=(1, 4))
+    assert level["granularity"] == [1, 4]
+    ((glob,),) = _configs("level", sparsity=0.5, scope="global")
+    assert glob["global_group_id"] == 0 and glob["sparse_ratio"] == 0.5
+    (uniform,) = get_quantizer("uniform").configs_for(QuantRequest(4, LAYERS), MLP)
+    assert uniform.weight_bits == uniform.activation_bits == 4 and uniform.op_names == LAYERS
+
+
+def test_per_layer_sparsity_groups_layers_by_their_sparsity():
+    layers = ("0", "1", "2")
+    groups = PruneRequest(0.5, layers, (("1", 0.9), ("2", 0.9))).groups()
+    assert groups == [(0.5, ("0",)), (0.9, ("1", "2"))]
+    assert PruneRequest(0.5, ("0",), (("0", 0.25),)).groups() == [(0.25, ("0",))]
+    with pytest.raises(ConfigError, match="not prunable layers"):
+        PruneRequest(0.5, layers, (("nope", 0.5),))
+    with pytest.raises(ConfigError, match="conflict"):
+        PruneRequest(0.5, layers, (("0", 0.5),), scope="global")
 
 
 def test_small_helpers():
     assert calibration_ladder(32) == (16, 8, 4) and calibration_ladder(4) == (4,)
-    (x,) = latency_inputs(torch.arange(6.0).reshape(3, 2), 7)
+    x = repeat_to(torch.arange(6.0).reshape(3, 2), 7)
     assert x.shape == (7, 2) and x[3].tolist() == [0.0, 1.0]
-    assert resolved_batch(TrialParams(model="digits-mlp")) == 64
+    assert resolved_batch(TrialParams(workload="digits-mlp")) == 64
 
 
 def test_row_is_flat_json_and_scored_by_its_objective():
     metrics = dict.fromkeys(METRIC_FIELDS, 1.0) | {"latency_ms": 4.0, "dense_latency_ms": 10.0, "accuracy": 0.9,
                                                    "effective_flops": 7.0, "dense_flops": 10.0}
-    result = TrialResult(TrialParams(model="digits-mlp", objective="flops", target=0.5), **metrics)
+    result = TrialResult(TrialParams(workload="digits-mlp", objective="flops", target=0.5), **metrics)
     row = json.loads(json.dumps(result.as_row()))
     assert list(row) == list(ROW_COLUMNS)
     assert row["speedup"] == pytest.approx(2.5) and row["flops_ratio"] == pytest.approx(0.7)
@@ -68,14 +79,14 @@ def test_row_is_flat_json_and_scored_by_its_objective():
 
 def test_bad_names_fail_before_any_work(cache_dir):
     with pytest.raises(ConfigError, match="unknown quantizer 'fp8'"):
-        run_trial({"model": "digits-mlp", "bits": 8, "quantizer": "fp8"}, cache_dir=cache_dir)
+        run_trial({"workload": "digits-mlp", "bits": 8, "quantizer": "fp8"}, cache_dir=cache_dir)
     with pytest.raises(ConfigError, match="unknown pruner 'magic'"):
-        run_trial({"model": "digits-mlp", "pruner": "magic"}, cache_dir=cache_dir)
+        run_trial({"workload": "digits-mlp", "pruner": "magic"}, cache_dir=cache_dir)
 
 
 def _trial(params, cache_dir, digits, device, **kw):
     lines = []
-    result = run_trial({"model": "digits-mlp", "batch": 64, **params}, cache_dir=cache_dir, data=digits, runs=3,
+    result = run_trial({"workload": "digits-mlp", "batch": 64, **params}, cache_dir=cache_dir, runs=3,
                        warmup=1, compile_kwargs={"device": device, "tune": False}, echo=lines.append, **kw)
     return result, result.as_row(), lines
 
@@ -83,7 +94,8 @@ def _trial(params, cache_dir, digits, device, **kw):
 def test_fp32_trial_is_compiled_verified_and_measured(cache_dir, digits, device):
     result, row, lines = _trial({"block": "1x32", "sparsity": 0.75}, cache_dir, digits, device)
     assert list(row) == list(ROW_COLUMNS) and json.dumps(row)
-    assert (row["model"], row["block"], row["bits"], row["batch"]) == ("digits-mlp", "1x32", 32, 64)
+    assert (row["workload"], row["block"], row["bits"], row["batch"]) == ("digits-mlp", "1x32", 32, 64)
+    assert row["metric_name"] == "accuracy"
     # the classifier head stays dense, so a bit under 75% of all weights
     assert 0.70 < row["sparsity_pruned"] <= row["sparsity_propagated"] < 0.76
     assert result.table["layers.0.weight"].block_density((1, 32)) == pytest.approx(0.25)
@@ -121,15 +133,10 @@ def test_calibrated_trial_lowers_bits_within_the_threshold(cache_dir, digits, de
 
 
 def test_per_layer_sparsity_prunes_each_layer_to_its_own_level(cache_dir, digits, device):
-    m = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 10))
-    cfgs, _ = prune_configs(TrialParams.from_dict({"model": "digits-mlp", "block": "1x32", "sparsity@0": 0.25}), m)
-    assert [(c.sparsity, c.op_names) for c in cfgs] == [(0.5, None), (0.25, ("0",))]
-    every = TrialParams.from_dict({"model": "digits-mlp", "block": "1x32", "sparsity@0": 0.25, "sparsity@1": 0.75})
-    assert [(c.sparsity, c.op_names) for c in prune_configs(every, m)[0]] == [(0.25, ("0",)), (0.75, ("1",))]
-    with pytest.raises(ConfigError, match="not Linear/Conv2d"):
-        prune_configs(TrialParams.from_dict({"model": "digits-mlp", "sparsity@nope": 0.5}), m)
     result, row, _ = _trial({"block": "1x32", "sparsity@layers.0": 0.875, "sparsity@layers.1": 0.25}, cache_dir,
                             digits, device)  # every prunable layer overridden, as the NNI search space does
     assert result.table["layers.0.weight"].block_density((1, 32)) == pytest.approx(0.125)
     assert result.table["layers.1.weight"].block_density((1, 32)) == pytest.approx(0.75)
     assert row["layer_sparsity"] == "layers.0:0.875;layers.1:0.25" and row["sparsity"] == 0.5
+    with pytest.raises(ConfigError, match="not prunable layers"):
+        _trial({"block": "1x32", "sparsity@nope": 0.5}, cache_dir, digits, device)

@@ -1,0 +1,129 @@
+"""Choosing one op's kernel: build every candidate, check it on the op's real input, time them, keep the fastest.
+
+Timing is interleaved (a burst of load hits every candidate alike) and takes the fastest
+run. A candidate that fails to build or to match its reference is dropped with a note and
+a `CompileWarning`; if none is left, the op keeps its own masked module (`ORIGINAL`).
+
+Example:
+    >>> module = choose(op, ctx, x, "measured", runs=5)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+from sparta_explore.device import fastest_ms
+from sparta_explore.lowering import LowerContext, lower
+from sparta_explore.plan import Candidate, OpPlan
+from sparta_explore.plan.execution_plan import FP32, ORIGINAL
+
+# Allowed max |compiled - reference| relative to (1 + max |reference|), by the narrowest bits involved:
+# fp32 kernels differ from MKL only in summation order; int8 ones can flip one rounding step of a
+# quantized activation when upstream fp32 sums differ in their last bit.
+TOLERANCE = {FP32: 1e-3, 8: 2e-2}
+OP_TOLERANCE = {FP32: 1e-4, 8: 1e-3}
+
+
+class CompileWarning(UserWarning):
+    """A planned op could not use a faster kernel (build, check or fusion failed) and runs dense."""
+
+
+def narrowest(candidate: Candidate) -> int:
+    """The narrowest integer grid a part of `candidate` quantizes its input to, or 32 when none does."""
+    return min((min(p.weight_bits, p.act_bits) for p in candidate.parts if p.kernel == "int8" or p.act_bits < FP32),
+               default=FP32)
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| / (1 + max |want|).
+
+    Example:
+        >>> relative_error(torch.ones(2), torch.zeros(2))
+        1.0
+    """
+    return float((got - want).abs().max()) / (1.0 + float(want.abs().max())) if want.numel() else 0.0
+
+
+def _fell_back(module: nn.Module) -> str | None:
+    for m in module.modules():
+        if getattr(m, "fallback_reason", None):
+            return m.fallback_reason
+    return None
+
+
+def _try_candidate(op: OpPlan, candidate: Candidate, ctx: LowerContext, x: torch.Tensor
+                   ) -> tuple[nn.Module | None, str | None]:
+    """(module, None), or (None, why it cannot be used): built, and checked on the op's real input."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a kernel falling back is reported below, once, by the compiler
+            module = lower(candidate, ctx)
+    except (ValueError, OSError, RuntimeError) as e:
+        return None, f"{candidate.name}: build failed ({e})"
+    why = _fell_back(module)
+    if why is not None and candidate.name != "dense":
+        return None, f"{candidate.name}: kernel unusable ({why})"
+    try:
+        with torch.inference_mode():
+            err = relative_error(module(x), module.reference(x))
+    except (RuntimeError, ValueError, IndexError) as e:
+        return None, f"{candidate.name}: failed on the example input ({e})"
+    tol = OP_TOLERANCE[FP32 if narrowest(candidate) == FP32 else 8]
+    if not err <= tol:
+        return None, f"{candidate.name}: error {err:.2e} over {tol:.0e} on the example input"
+    return module, None
+
+
+def _timed(modules: dict[str, nn.Module], x: torch.Tensor, runs: int) -> dict[str, float]:
+    with torch.inference_mode():
+        return fastest_ms(modules, x, runs)
+
+
+def choose(op: OpPlan, ctx: LowerContext, x: torch.Tensor, mode: str, runs: int, tune: bool = False
+           ) -> nn.Module | None:
+    """The fastest checked module for `op` on its input `x` (recorded in `op`), or None if nothing runs.
+
+    `mode` "measured" builds and times every candidate; "predicted" builds the profile's
+    favourite only (and dense if that fails). `tune` then runs the tile search for a chosen
+    fp32 sparse kernel and keeps the tuned build if it measures faster.
+
+    Example:
+        >>> choose(op, ctx, x, "measured", runs=5)  # doctest: +SKIP
+    """
+    if mode == "predicted":
+        best = op.best_predicted()
+        order = [best] + ([op.candidate("dense")] if best.name != "dense" else [])
+    else:
+        order = sorted(op.candidates, key=lambda c: c.predicted_ms)
+    built: dict[str, nn.Module] = {}
+    for candidate in order:
+        module, why = _try_candidate(op, candidate, ctx, x)
+        if why is not None:
+            op.notes.append(why)
+            warnings.warn(f"op {op.op!r}: {why}", CompileWarning, stacklevel=3)
+            continue
+        built[candidate.name] = module
+        if mode == "predicted":
+            break
+    if not built:  # not even dense could run: the op keeps its own (masked) module, never a crash
+        op.chosen = ORIGINAL
+        op.notes.append("no candidate could run: the op's own module runs, masked")
+        warnings.warn(f"op {op.op!r}: no candidate could run; its own module runs, masked", CompileWarning,
+                      stacklevel=3)
+        return None
+    op.measured_ms.update(_timed(built, x, runs))  # interleaved: a burst of load hits every candidate alike
+    op.chosen = min(built, key=op.measured_ms.get)
+    if tune and any(p.kernel == "sparse" for p in op.candidate(op.chosen).parts):
+        tuned_ctx = LowerContext(ctx.module, ctx.activation, ctx.m, ctx.cache_dir, tune=True)
+        module, why = _try_candidate(op, op.candidate(op.chosen), tuned_ctx, x)
+        if module is not None:
+            times = _timed({"untuned": built[op.chosen], "tuned": module}, x, runs)
+            if times["tuned"] < times["untuned"]:
+                built[op.chosen] = module
+            op.measured_ms[op.chosen] = min(times.values())
+    return built[op.chosen]
+
+

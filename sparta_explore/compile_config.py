@@ -1,0 +1,72 @@
+"""CompileConfig: every option of `compile` in one frozen, checked value.
+
+Example:
+    >>> CompileConfig(choose="predicted", tune=False).runs
+    5
+    >>> CompileConfig(choose="fastest")
+    Traceback (most recent call last):
+    ...
+    sparta_explore.errors.ConfigError: CompileConfig.choose must be 'measured' or 'predicted', got 'fastest'
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from sparta_explore.errors import ConfigError
+
+KERNEL_FAMILIES = ("dense", "shrink", "sparse", "int8")
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    """How `compile` chooses and checks kernels.
+
+    * `choose`: "measured" builds and times every candidate (default); "predicted" trusts
+      the device profile and builds only its favourite (plus dense if that fails).
+    * `tune`: run the tile search for the chosen fp32 sparse kernels.
+    * `runs`: timing rounds per candidate (interleaved, fastest kept).
+    * `kernels`: kernel families tried (dense is always kept); None = all.
+    * `device`: a `DeviceProfile` (None: this machine's, measured once and cached).
+    * `cache_dir`: where kernels, tile searches and the profile are cached (None: the default).
+    * `verify`: check the compiled model against the model masked with the table it was
+      given (and, for a propagation result, the table propagation started from).
+    """
+
+    choose: str = "measured"
+    tune: bool = True
+    runs: int = 5
+    kernels: frozenset[str] | None = None
+    device: Any = field(default=None, compare=False)
+    cache_dir: str | os.PathLike | None = None
+    verify: bool = True
+
+    def __post_init__(self) -> None:
+        if self.choose not in ("measured", "predicted"):
+            raise ConfigError(f"CompileConfig.choose must be 'measured' or 'predicted', got {self.choose!r}")
+        if isinstance(self.runs, bool) or not isinstance(self.runs, int) or self.runs < 1:
+            raise ConfigError(f"CompileConfig.runs must be an int >= 1, got {self.runs!r}")
+        if self.kernels is not None:
+            if isinstance(self.kernels, str) or not isinstance(self.kernels, Collection):
+                raise ConfigError(f"CompileConfig.kernels must be a set of families, got {self.kernels!r}")
+            unknown = sorted(set(self.kernels) - set(KERNEL_FAMILIES))
+            if unknown:
+                raise ConfigError(f"CompileConfig.kernels: unknown families {unknown}; choose from "
+                                  f"{list(KERNEL_FAMILIES)}")
+            object.__setattr__(self, "kernels", frozenset(self.kernels) | {"dense"})
+
+    def with_options(self, **options: Any) -> CompileConfig:
+        """A copy with `options` replaced; an unknown option is a `ConfigError` naming it.
+
+        Example:
+            >>> CompileConfig().with_options(tune=False).tune
+            False
+        """
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ConfigError(f"unknown compile option(s) {unknown}; CompileConfig has {sorted(known)}")
+        return replace(self, **options)

@@ -1,0 +1,95 @@
+"""The reference a user can trust: their model masked with a TeSA table, quantized where the table asks.
+
+Built from the table alone (not from any plan): every parameter element the table prunes
+is zeroed, the weight of every weight site whose kept elements are at 2..8 bits is put on
+its symmetric per-output-row grid (`fake_quant.fake_quantize_rows`; 1 bit on the 2-bit
+grid, as the planner runs it), and a linear whose input is also at <= 8 bits quantizes
+its input rows (what the int8 kernel computes; `compile` tolerates rounding flips, 2e-2).
+
+Parameters the forward never reads are skipped and listed, not an error.
+
+Example:
+    >>> ref, unread = table_reference(graph, table)   # doctest: +SKIP
+    >>> torch.allclose(compiled(x), graph.run(ref), atol=1e-3)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+
+import torch
+import torch.fx as fx
+
+from sparta_explore.errors import TeSANameError
+from sparta_explore.fake_quant import INT_BITS, fake_quantize_rows
+from sparta_explore.graph import Graph
+from sparta_explore.kernels.dense import DenseLinear
+from sparta_explore.masking import apply_table
+from sparta_explore.plan.bit_rounding import MIN_GRID_BITS
+from sparta_explore.plan.sites import input_bits, replace_site, weight_sites
+from sparta_explore.tesa import TeSA
+
+
+def split_unread(graph: Graph, module: fx.GraphModule, table: Mapping[str, TeSA]
+                 ) -> tuple[dict[str, TeSA], list[str]]:
+    """(the entries naming parameters/buffers of `module` or activations, the parameter names it never reads).
+
+    A dotted name that is neither in `module` nor a parameter of the captured model is an error.
+
+    Example:
+        >>> usable, unread = split_unread(graph, graph.module, table)   # doctest: +SKIP
+    """
+    present = {n for n, _ in module.named_parameters(remove_duplicate=False)}
+    present |= {n for n, _ in module.named_buffers(remove_duplicate=False)}
+    usable, unread = {}, []
+    for name, tesa in table.items():
+        if "." not in name or name in present:
+            usable[name] = tesa
+        elif name in graph.tensors or graph.canonical(name) in present:
+            unread.append(name)  # e.g. BERT's pooler when the forward does not use it
+        else:
+            raise TeSANameError(f"TeSA {name!r} names no parameter or buffer of the captured model")
+    return usable, unread
+
+
+def _grid(tesa: TeSA) -> int | None:
+    kept = tesa.kept_bits()
+    top = max(kept) if kept else 32
+    top = max(top, MIN_GRID_BITS)
+    return top if top in INT_BITS else None
+
+
+def table_reference(graph: Graph, table: Mapping[str, TeSA], *, grids: bool = True
+                    ) -> tuple[fx.GraphModule, list[str]]:
+    """A copy of the captured module with `table`'s pruning (and weight grids) applied; and the unread names.
+
+    Example:
+        >>> ref, unread = table_reference(graph, table)   # doctest: +SKIP
+    """
+    module = copy.deepcopy(graph.module)
+    usable, unread = split_unread(graph, module, table)
+    apply_table(module, usable)
+    by_canonical = {graph.canonical(n): t for n, t in usable.items()} if grids else {}
+    int8_sites = []
+    with torch.no_grad():
+        for site in weight_sites(graph):
+            tesa = by_canonical.get(site.weight)
+            grid = None if tesa is None else _grid(tesa)
+            if grid is None:
+                continue
+            weight = module.get_parameter(site.weight)
+            quantized = fake_quantize_rows(site.weight_2d(weight.detach().float()), grid)
+            restored = quantized.t() if site.layout == "in_out" else quantized
+            weight.copy_(restored.reshape(weight.shape).to(weight.dtype))
+            act = input_bits(graph, table, site) if site.kind == "linear" else 32
+            if act in INT_BITS:
+                int8_sites.append((site, act))
+    for site, act in int8_sites:  # both at <= 8 bits: the input rows are quantized too (the int8 semantics)
+        linear = site.as_module(module)
+        replace_site(module, site, DenseLinear(linear.weight.detach(), None if linear.bias is None else
+                                               linear.bias.detach(), act_bits=act))
+    if int8_sites:
+        module.graph.lint()
+        module.recompile()
+    return module, unread
