@@ -5,9 +5,10 @@ What it is, honestly:
 * the model is `transformers.BertForSequenceClassification` built from a config (random
   init, no hub): BERT-base widths (hidden 768, 12 heads, FFN 3072) but 2 layers, not 12,
   so that training from scratch fits in a few minutes on 2 cores;
-* the task is the bundled digits as 65-token sequences (`digit_tokens`): trained once for
-  a few epochs (cached in the sparta-explore cache), scored by accuracy on the 450 test
-  digits, fine-tuned and calibrated on the train split only;
+* the task is the bundled digits as 9-token sequences (`digit_tokens`: one token per image
+  row): trained once, 8 epochs (~1 minute on 2 cores, then cached in the sparta-explore
+  cache; 94% test accuracy measured), scored by accuracy on the 450 test digits,
+  fine-tuned and calibrated on the train split only;
 * latency is timed at batch 8 x 128 tokens (sequences padded with an attention mask),
   BERT's usual shape, so the kernels see BERT-base GEMMs (1024 x 768 -> 3072 and back).
 
@@ -25,8 +26,8 @@ from sparta_explore.workload import Workload
 LATENCY_BATCH, LATENCY_SEQ = 8, 128
 
 
-def bert_digits_workload(layers: int = 2, hidden: int = 768, heads: int = 12, ffn: int = 3072, epochs: int = 6,
-                         lr: float = 2e-4, cache_dir: str | None = None) -> Workload:
+def bert_digits_workload(layers: int = 2, hidden: int = 768, heads: int = 12, ffn: int = 3072, epochs: int = 8,
+                         lr: float = 1e-4, cache_dir: str | None = None) -> Workload:
     """The workload; smaller sizes make quick variants (tests use hidden 64, 1 layer).
 
     Example:
@@ -52,7 +53,7 @@ def bert_digits_workload(layers: int = 2, hidden: int = 768, heads: int = 12, ff
         train_batches=batches(data.train_ids, data.train_y), loss=loss,
         validation_metric=lambda m: accuracy(m, val_ids, val_y),
         head="classifier",
-        description="HF BertForSequenceClassification, BERT-base widths, 2 layers, digits as 65-token sequences")
+        description="HF BertForSequenceClassification, BERT-base widths, 2 layers, digits as 9-token sequences")
 
 
 def workload() -> Workload:
@@ -62,4 +63,4 @@ def workload() -> Workload:
 
 def tiny() -> Workload:
     """A variant small enough for tests (1 layer, hidden 64): trains in seconds."""
-    return bert_digits_workload(layers=1, hidden=64, heads=4, ffn=128, epochs=2, lr=1e-3)
+    return bert_digits_workload(layers=1, hidden=64, heads=4, ffn=128, epochs=30, lr=2e-3)

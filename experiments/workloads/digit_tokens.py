@@ -1,7 +1,8 @@
 """The bundled digits as token sequences, for the transformer example workloads (no downloads).
 
-Each 8x8 image becomes 65 tokens: [CLS] and its 64 pixels, each pixel's intensity (0..16)
-its own token. A sequence classifier predicts the digit from them. Honest about what this
+Each 8x8 image becomes 9 tokens: [CLS] and its 8 rows, each row's pixels thresholded at
+half intensity and read as an 8-bit pattern (256 row tokens). A sequence classifier
+predicts the digit from them. Honest about what this
 is: a real, offline, minutes-to-train classification task for a transformer on 2 cores,
 not a language task; its accuracy moves with pruning and quantization the way a real
 task's does, which is what exploration needs.
@@ -12,7 +13,7 @@ sequences to `seq_len` (e.g. 128, BERT's usual) with an attention mask.
 Example:
     >>> data = load_token_digits()
     >>> data.train_ids.shape, data.vocab_size
-    (torch.Size([1347, 65]), 20)
+    (torch.Size([1347, 9]), 258)
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from torch import nn
 from sparta_explore.cache import atomic_write, content_key, resolve_cache_dir
 from sparta_explore.zoo import load_digits_split
 
-PAD, CLS, OFFSET = 0, 1, 3  # ids 3..19 are the pixel intensities 0..16
-VOCAB = OFFSET + 17
+PAD, CLS, OFFSET = 0, 1, 2  # ids 2..257 are the 256 row patterns
+VOCAB = OFFSET + 256
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,9 @@ class TokenDigits:
 
 
 def _tokens(images: torch.Tensor) -> torch.Tensor:
-    pixels = (images.reshape(len(images), -1) * 16).round().long() + OFFSET
-    return torch.cat([torch.full((len(images), 1), CLS, dtype=torch.long), pixels], dim=1)
+    bits = (images.reshape(len(images), 8, 8) >= 0.5).long()
+    rows = (bits * (2 ** torch.arange(8))).sum(dim=-1) + OFFSET
+    return torch.cat([torch.full((len(images), 1), CLS, dtype=torch.long), rows], dim=1)
 
 
 def load_token_digits() -> TokenDigits:

@@ -180,6 +180,8 @@ class _Engine:
             if value.name in self.graph.constants:
                 return self.graph.constants[value.name]
             raise _Missing(f"value of {value.name!r} was not recorded")
+        if isinstance(value, slice):  # bounds computed in the graph (export's symbolic sizes): recorded values
+            return slice(*(self._resolve(v, names, slot_path) for v in (value.start, value.stop, value.step)))
         if isinstance(value, (list, tuple)):
             return type(value)(self._resolve(v, names, slot_path + (i,)) for i, v in enumerate(value))
         if isinstance(value, dict):
