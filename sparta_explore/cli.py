@@ -7,7 +7,7 @@ Example:
     $ sparta-explore prune --model digits-mlp --pruner level --sparsity 0.8 --out t.npz
     $ sparta-explore summary t.npz
     $ sparta-explore sweep --sparsity 0.5 0.9 --block 32x32 1x32 --bits 32 8 --out results/sweep
-    $ sparta-explore sweep --workload experiments/workloads/bert.py:workload --sparsity 0.9 --out results/bert
+    $ sparta-explore sweep --workload experiments/workloads/bert_digits.py:workload --sparsity 0.9 --out results/bert
     $ sparta-explore plot results/sweep && sparta-explore report results/sweep
 """
 

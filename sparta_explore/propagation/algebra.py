@@ -53,11 +53,24 @@ def multilinear(fn: Callable[..., torch.Tensor], inputs: Sequence[TeSA | None], 
         >>> kb.tolist()  # row 1 of b only meets pruned a[:, 1]
         [[True, True, True], [False, False, False]]
     """
-    xs = [None if t is None else t.kept.to(torch.float32).requires_grad_(True) for t in inputs]
+    return multilinear_masks(fn, [kept_of(t) for t in inputs], output.kept)
+
+
+def multilinear_masks(fn: Callable[..., torch.Tensor], masks: Sequence[torch.Tensor | None], allowed: torch.Tensor,
+                      ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+    """`multilinear` on bool kept masks; `allowed` is the output's kept mask.
+
+    Example:
+        >>> a, b = torch.tensor([True, False]), torch.tensor([True, True])
+        >>> out, _ = multilinear_masks(torch.mul, [a, b], torch.tensor([True, True]))
+        >>> out.tolist()
+        [True, False]
+    """
+    xs = [None if m is None else m.to(torch.float32).requires_grad_(True) for m in masks]
     with torch.enable_grad():
         y = fn(*xs)
         forward = y.detach() > 0
-        out_kept = forward & output.kept
+        out_kept = forward & allowed
         live = [x for x in xs if x is not None]
         grads = torch.autograd.grad(y, live, grad_outputs=out_kept.to(y.dtype), allow_unused=True)
     it = iter(grads)
@@ -69,6 +82,36 @@ def multilinear(fn: Callable[..., torch.Tensor], inputs: Sequence[TeSA | None], 
         g = next(it)
         in_kept.append(torch.zeros_like(x, dtype=torch.bool) if g is None else g > 0)
     return out_kept, in_kept
+
+
+def row_wise_linear(x: torch.Tensor, w: torch.Tensor, allowed: torch.Tensor,
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`multilinear` of Y = X W^T on kept masks, evaluated once per distinct (X row, allowed Y row) pair.
+
+    Every row of a linear's input is multiplied by the same W, so rows that are equal, with
+    equal allowed outputs, have equal forward and input masks, and the weight mask is an OR
+    over rows, which duplicates do not change. Activations of a batch x tokens model are
+    mostly identical rows: a 1024-row BERT input usually collapses to one row.
+    Returns (output kept, X kept, W kept).
+
+    Example:
+        >>> x = torch.tensor([[True, False]] * 3)
+        >>> out, kx, kw = row_wise_linear(x, torch.ones(2, 2, dtype=torch.bool), torch.ones(3, 2, dtype=torch.bool))
+        >>> out.shape, kw[:, 1].tolist()
+        (torch.Size([3, 2]), [False, False])
+    """
+    k, n = x.shape[-1], allowed.shape[-1]
+    lead = allowed.shape[:-1]
+    rows = torch.cat([x.expand(*lead, k).reshape(-1, k), allowed.reshape(-1, n)], dim=1)
+    if rows.shape[0] > 1 and bool((rows == rows[:1]).all()):
+        unique, inverse = rows[:1], torch.zeros(rows.shape[0], dtype=torch.long)
+    else:
+        unique, inverse = torch.unique(rows.to(torch.uint8), dim=0, return_inverse=True)
+        unique = unique.bool()
+    out, (kx, kw) = multilinear_masks(lambda a, b: torch.nn.functional.linear(a, b), [unique[:, :k], w],
+                                      unique[:, k:])
+    kx_full = kx[inverse].reshape(*lead, k)
+    return out[inverse].reshape(*lead, n), any_to(kx_full, x.shape), kw
 
 
 def moved_keys(fn: Callable[..., torch.Tensor | tuple], inputs: Sequence[TeSA]) -> TeSA | tuple[TeSA, ...]:

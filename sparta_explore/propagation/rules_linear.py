@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sparta_explore.propagation.algebra import any_to, multilinear
+from sparta_explore.propagation.algebra import any_to, multilinear, row_wise_linear
 from sparta_explore.propagation.registry import OpUpdate, OpView, Unsupported, register_rule
 from sparta_explore.tesa import TeSA
 
@@ -40,7 +40,10 @@ def _weighted_module(op: OpView, fn, channel_dim: int) -> OpUpdate:
 
 
 def _linear(op: OpView, x: TeSA, w: TeSA, b: TeSA | None) -> tuple:
-    out, (kx, kw) = multilinear(lambda xx, ww: F.linear(xx, ww), [x, w], op.output)
+    if x.kept.dim() >= 1 and w.kept.dim() == 2:
+        out, kx, kw = row_wise_linear(x.kept, w.kept, op.output.kept)
+    else:
+        out, (kx, kw) = multilinear(lambda xx, ww: F.linear(xx, ww), [x, w], op.output)
     out, kb = _with_bias(out, b, op.output, -1)
     return out, kx, kw, kb
 
@@ -48,7 +51,10 @@ def _linear(op: OpView, x: TeSA, w: TeSA, b: TeSA | None) -> tuple:
 @register_rule(nn.Linear)
 def linear_module(op: OpView) -> OpUpdate:
     # Y = X W^T + b: Y[..., n] may be non-zero iff b[n] kept or some k has X[..., k] and W[n, k] kept
-    return _weighted_module(op, lambda x, w: F.linear(x, w), -1)
+    x, w = op.args[0], op.params["weight"]
+    out, kx, kw = row_wise_linear(x.kept, w.kept, op.output.kept)
+    out, kb = _with_bias(out, op.params.get("bias"), op.output, -1)
+    return OpUpdate(output=out, args={0: kx}, params={"weight": kw} | ({"bias": kb} if kb is not None else {}))
 
 
 @register_rule(F.linear)

@@ -64,9 +64,9 @@ def max_output_change(graph: Graph, before: Mapping[str, TeSA], after: Mapping[s
     g = torch.Generator().manual_seed(seed)
     gm = graph.module
     params = dict(gm.named_parameters(remove_duplicate=False)) | dict(gm.named_buffers(remove_duplicate=False))
-    activations = {n: t.pruned for n, t in after.items() if n not in params and n in graph.tensors
-                   and graph.tensors[n].kind == "activation"}
-    start_activations = {n: t.pruned for n, t in before.items() if n in activations}
+    # only activations with something pruned: masking the rest would cost a full pass over each for nothing
+    activations = _pruned_activations(graph, after, params)
+    start_activations = {n: m for n, m in _pruned_activations(graph, before, params).items() if n in graph.tensors}
     worst = 0.0
     was_training = set_mode(gm, False)
     try:
@@ -92,6 +92,17 @@ def max_output_change(graph: Graph, before: Mapping[str, TeSA], after: Mapping[s
     finally:
         set_mode(gm, was_training)
     return worst
+
+
+def _pruned_activations(graph: Graph, table: Mapping[str, TeSA], params: Mapping[str, Any]) -> dict:
+    out = {}
+    for n, t in table.items():
+        if n in params or n not in graph.tensors or graph.tensors[n].kind != "activation":
+            continue
+        pruned = t.pruned
+        if bool(pruned.any()):
+            out[n] = pruned
+    return out
 
 
 def _inputs(graph: Graph, before: Mapping[str, TeSA], after: Mapping[str, TeSA],

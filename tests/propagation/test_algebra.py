@@ -1,0 +1,40 @@
+"""row_wise_linear (deduplicated rows) must give exactly what multilinear gives on the full masks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sparta_explore.propagation.algebra import multilinear_masks, row_wise_linear
+
+
+def _full(x: torch.Tensor, w: torch.Tensor, allowed: torch.Tensor):
+    out, (kx, kw) = multilinear_masks(lambda a, b: F.linear(a, b), [x, w], allowed)
+    return out, kx, kw
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("lead", [(7,), (2, 5), (3, 1, 4)])
+def test_row_wise_linear_matches_the_full_product(seed: int, lead: tuple[int, ...]) -> None:
+    g = torch.Generator().manual_seed(seed)
+    k, n = 6, 5
+    patterns = torch.rand(3, k, generator=g) > 0.4  # few distinct rows, as in real activations
+    pick = torch.randint(0, 3, lead, generator=g)
+    x = patterns[pick]
+    w = torch.rand(n, k, generator=g) > 0.5
+    allowed = torch.rand(*lead, n, generator=g) > 0.2 if seed % 2 else torch.ones(*lead, n, dtype=torch.bool)
+    got, want = row_wise_linear(x, w, allowed), _full(x, w, allowed)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+        assert torch.equal(a, b)
+
+
+def test_row_wise_linear_broadcast_input_and_identical_rows() -> None:
+    x = torch.tensor([[True, False, True]])  # one row broadcast over 4 output rows
+    w = torch.tensor([[True, True, False], [False, True, False]])
+    allowed = torch.ones(4, 2, dtype=torch.bool)
+    out, kx, kw = row_wise_linear(x, w, allowed)
+    assert out.tolist() == [[True, False]] * 4  # row 1 of W only meets the pruned x[1]
+    assert kx.shape == x.shape and kx.tolist() == [[True, True, False]]  # x[2] meets only pruned weights
+    assert kw.tolist() == [[True, False, True], [False, False, False]]  # weights meeting x[1] do not matter
