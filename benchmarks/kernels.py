@@ -2,11 +2,14 @@
 
 Shapes: BERT-base 768->3072, 3072->768, 768->768 at M = 4096 and 128; dense, then sparsity 50/75/90/95%;
 patterns 32x32 blocks, 1x32 blocks, unstructured. Every time is the median of `--repeats`
-runs after a warm-up, baseline and candidate interleaved; each call allocates its output,
-as a model does. Prints ratios over dense fp32 and effective GFLOP/s (kept work / time).
+runs after a warm-up, baseline and candidate interleaved; results are dropped after each
+call, as in a model, so our kernels reuse their output memory (kernels/output_pool.py) while
+torch's ops allocate theirs. Prints ratios over dense fp32 and effective GFLOP/s.
 Ours fp32 uses the measured tile search (`tile="auto"`, cached); ours int8 quantizes
 activations per row and weights per output row (exact int32 accumulation); w4 is the same
-kernel on a 4-bit weight grid (the calibrated default), with the variant it picked.
+kernel on a 4-bit weight grid (the calibrated default), with the variant it picked;
+`i8path` is the instruction path ours int8 ran (a VNNI mode where the CPU has one) and
+`avx2_8_x` the same int8 kernel forced to the AVX2 path (`dot=None`), side by side.
 Run: `python benchmarks/kernels.py [--quick] [--repeats 5] [--reuse-memory]`.
 """
 
@@ -49,10 +52,11 @@ def tile_name(cfg) -> str:
     return f"{cfg.rows}x{cfg.vectors}/{cfg.single_vectors}{suffix}"
 
 
-def candidates(x, masked, b, ours, csr, q, ours8, ours4) -> list:
-    """dense fp32 (MKL), ours fp32, MKL CSR, torch dynamic int8, ours int8, ours int8 on a 4-bit weight grid."""
+def candidates(x, masked, b, ours, csr, q, ours8, ours4, avx2_8) -> list:
+    """dense fp32 (MKL), ours fp32, MKL CSR, torch dynamic int8, ours int8, ours int8 on a 4-bit weight grid,
+    ours int8 on the AVX2 path."""
     return [lambda: F.linear(x, masked, b), lambda: ours(x), lambda: (csr @ x.t()).t() + b, lambda: q(x),
-            lambda: ours8(x), lambda: ours4(x)]
+            lambda: ours8(x), lambda: ours4(x), lambda: avx2_8(x)]
 
 
 def main() -> None:
@@ -70,11 +74,13 @@ def main() -> None:
     flags = cpu_flags()
     isa = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "sse"
     print(f"cpu={platform.processor() or platform.machine()} isa={isa} vnni={'avx512_vnni' in flags} "
+          f"avx_vnni={'avx_vnni' in flags} "
           f"lanes={vector_width()} threads={torch.get_num_threads()} torch={torch.__version__}")
     shapes = [(768, 3072), (3072, 768)] + ([] if args.quick else [(768, 768)])
     sparsities = (0.5, 0.9) if args.quick else (0.5, 0.75, 0.9, 0.95)
     print(f"{'K->N':11s} {'M':>5s} {'pattern':>12s} {'sparsity':>8s} {'dense_ms':>9s} {'ours_ms':>8s} {'x_dense':>7s} "
-          f"{'GF/s_eff':>8s} {'csr_x':>6s} {'int8dyn_x':>9s} {'ours8_x':>7s} {'w4_x':>7s} {'w4var':>5s} {'tile':>7s}")
+          f"{'GF/s_eff':>8s} {'csr_x':>6s} {'int8dyn_x':>9s} {'ours8_x':>7s} {'avx2_8_x':>8s} {'i8path':>12s} "
+          f"{'w4_x':>7s} {'w4var':>5s} {'tile':>7s}")
     g = torch.Generator().manual_seed(0)
     for k, n in shapes:
         w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
@@ -87,6 +93,7 @@ def main() -> None:
                 ours = SparseLinear(w, b, kept, block_rows=rows, tile="auto", expected_m=m)
                 ours8 = Int8SparseLinear(w, b, kept, block_rows=rows)
                 ours4 = Int8SparseLinear(w, b, kept, block_rows=rows, weight_bits=4)
+                avx2_8 = Int8SparseLinear(w, b, kept, block_rows=rows, dot=None)
                 csr = masked.to_sparse_csr()
                 lin = nn.Linear(k, n)
                 with torch.no_grad():
@@ -94,14 +101,15 @@ def main() -> None:
                     lin.bias.copy_(b)
                 q = torch.ao.quantization.quantize_dynamic(nn.Sequential(lin), {nn.Linear}, dtype=torch.qint8)
                 with torch.no_grad():
-                    t_dense, t_ours, t_csr, t_q, t_8, t_4 = medians(
-                        candidates(x, masked, b, ours, csr, q, ours8, ours4), args.repeats)
+                    t_dense, t_ours, t_csr, t_q, t_8, t_4, t_a8 = medians(
+                        candidates(x, masked, b, ours, csr, q, ours8, ours4, avx2_8), args.repeats)
                 flops = 2.0 * m * k * n * float(kept.float().mean())
                 state = "" if ours.fallback_reason is None else " (fallback)"
                 print(f"{k:4d}->{n:<5d} {m:5d} {pattern:>12s} {sparsity:8.2f} {t_dense * 1e3:9.2f} "
                       f"{t_ours * 1e3:8.2f} {t_dense / t_ours:7.2f} {flops / t_ours / 1e9:8.0f} "
-                      f"{t_dense / t_csr:6.2f} {t_dense / t_q:9.2f} {t_dense / t_8:7.2f} "
-                      f"{t_dense / t_4:7.2f} {ours4.variant:>5s} {tile_name(ours.tile)}{state}", flush=True)
+                      f"{t_dense / t_csr:6.2f} {t_dense / t_q:9.2f} {t_dense / t_8:7.2f} {t_dense / t_a8:8.2f} "
+                      f"{ours8.dot_path:>12s} {t_dense / t_4:7.2f} {ours4.variant:>5s} {tile_name(ours.tile)}{state}",
+                      flush=True)
 
 
 if __name__ == "__main__":

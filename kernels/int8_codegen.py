@@ -12,7 +12,9 @@ thread packs a tile of X), with integer arithmetic:
   activation in fp32. AVX2 intrinsics: runs on every x86-64 machine of this project.
 
 Narrow weight grids (a calibrated 4-bit weight) take the u8 x s8 variant instead
-(lowbit_codegen.py): same result, twice the products per multiply instruction.
+(lowbit_codegen.py): same result, twice the products per multiply instruction. CPUs with
+VNNI take the `vpdpbusd` variant (vnni_codegen.py) for any 8-bit grid: same layout as u8,
+products summed straight into int32, up to 64 per instruction.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from sparta_explore.kernels.bsr_codegen import (
     segment_blocks,
 )
 from sparta_explore.kernels.lowbit_codegen import ROWS, U8_PACK, VECTORS, accumulate_steps, u8_tile
+from sparta_explore.kernels.vnni_codegen import DotMode, vnni_prelude, vnni_tile
 
 
 def align_segments(groups: Groups, multiple: int) -> Groups:
@@ -205,56 +208,75 @@ def _work(groups: Groups) -> int:
     return int((groups.seg_len * groups.rows[owner]).sum()) if len(owner) else 0
 
 
-def prepare_groups(kept: np.ndarray, block_rows: int, weight_bits: int, act_bits: int) -> tuple[Groups, bool]:
-    """Row groups aligned to the packed words of the faster variant, and whether it is the u8 one.
+def prepare_groups(kept: np.ndarray, block_rows: int, weight_bits: int, act_bits: int,
+                   dot: DotMode | None = None) -> tuple[Groups, str]:
+    """Row groups aligned to the packed words of the fastest variant, and its name.
 
-    The u8 variant (narrow weight grids only) pads segments to k quads; on scattered patterns
-    that padding costs more than its faster multiplies gain, so the padded work decides.
+    "int16" (k pairs, `vpmaddwd`) always works; "vnni" (k quads, `vpdpbusd`) when a dot mode
+    is given; "u8" (k quads, `vpmaddubsw`) for narrow weight grids without VNNI. The quad
+    variants pad segments to k quads; on scattered patterns that padding costs more than
+    their faster multiplies gain, so the padded work times each variant's cost decides.
 
     Example:
-        >>> _, narrow = prepare_groups(np.ones((8, 64), dtype=bool), 8, weight_bits=4, act_bits=8)
-        >>> narrow
-        True
+        >>> prepare_groups(np.ones((8, 64), dtype=bool), 8, weight_bits=4, act_bits=8)[1]
+        'u8'
     """
     pairs = align_segments(plan_groups(kept, block_rows, R_MAX), 2)
-    if accumulate_steps(weight_bits, act_bits) < 2:
-        return pairs, False
-    quads = align_segments(plan_groups(kept, block_rows, ROWS), 4)
-    if _work(quads) * U8_COST < _work(pairs):
-        return quads, True
-    return pairs, False
+    if dot is not None:
+        quads, cost, variant = align_segments(plan_groups(kept, block_rows, dot.rows), 4), dot.cost, "vnni"
+    elif accumulate_steps(weight_bits, act_bits) >= 2:
+        quads, cost, variant = align_segments(plan_groups(kept, block_rows, ROWS), 4), U8_COST, "u8"
+    else:
+        return pairs, "int16"
+    if _work(quads) * cost < _work(pairs):
+        return quads, variant
+    return pairs, "int16"
 
 
 def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: str, act_bits: int = 8,
-                         weight_bits: int = 8, narrow: bool = False) -> str:
+                         weight_bits: int = 8, variant: str = "int16", dot: DotMode | None = None,
+                         emulate: bool = False) -> str:
     """C source of `void {name}(X, Y, M, W, corr, w_scale, bias)`: fp32 in and out, int8 inside.
 
     Activations are quantized on the symmetric `act_bits` grid (see sparta_explore.fake_quant).
-    `narrow` selects the u8 x s8 variant (only for grids with `accumulate_steps` >= 2), which
-    needs `corr` (lowbit_codegen.offset_correction) and the quad groups of `prepare_groups`.
+    `variant` is what `prepare_groups` chose for these groups: "int16", "u8" (only for grids
+    with `accumulate_steps` >= 2) or "vnni" (with `dot`, portable C when `emulate`); the
+    quad variants need `corr` (lowbit_codegen.offset_correction).
     """
     level = f"{qmax(act_bits)}.0f"
     tables, chunk_g0 = pattern_tables(groups, n_out, act)
     n_chunks = len(chunk_g0)
     steps = accumulate_steps(weight_bits, act_bits)
-    if narrow and steps < 2:
-        raise ValueError(f"{weight_bits}-bit weights x {act_bits}-bit activations can overflow int16: no u8 variant")
-    if narrow:
+    extra = ""
+    if variant == "u8":
+        if steps < 2:
+            raise ValueError(f"{weight_bits}-bit weights x {act_bits}-bit activations can overflow int16: "
+                             "no u8 variant")
         elem, k_group, pack = "uint8_t", 4, U8_PACK
         tiles = "".join(u8_tile(r, act, steps) for r in range(1, ROWS + 1))
-        vectors = {r: VECTORS for r in range(1, ROWS + 1)}
-    else:
+        rows_per_call = {r: VECTORS * 8 for r in range(1, ROWS + 1)}
+    elif variant == "vnni":
+        if dot is None:
+            raise ValueError("the vnni variant needs a dot mode")
+        elem, k_group, pack = "uint8_t", 4, U8_PACK
+        extra = vnni_prelude(dot, emulate)
+        tiles = "".join(vnni_tile(r, act, dot) for r in range(1, dot.rows + 1))
+        rows_per_call = {r: dot.vectors * dot.lanes for r in range(1, dot.rows + 1)}
+    elif variant == "int16":
         elem, k_group, pack = "int16_t", 2, I16_PACK
         tiles = "".join(_tile(r, act) for r in range(1, R_MAX + 1))
-        vectors = {r: _vectors(r) for r in range(1, R_MAX + 1)}
+        rows_per_call = {r: _vectors(r) * 8 for r in range(1, R_MAX + 1)}
+    else:
+        raise ValueError(f"unknown int8 kernel variant {variant!r}")
+    tile_rows = 2 * V * 8
     dispatch = "\n".join(
-        f"                case {r}: " + " ".join(f"qtile{r}(xq, sx, yb, {j} * {v} * 8, g, W, corr, ws, bias);"
-                                          for j in range(2 * V // v)) + " break;"
-        for r, v in vectors.items())
+        f"                case {r}: " + " ".join(f"qtile{r}(xq, sx, yb, {j * m}, g, W, corr, ws, bias);"
+                                          for j in range(tile_rows // m)) + " break;"
+        for r, m in rows_per_call.items())
     k_pad = -(-n_in // k_group) * k_group
     return f"""#define VEC 8
 #define QMAX {level}
-#define TILE ({2 * V} * 8)
+#define TILE {tile_rows}
 #define K_IN {n_in}L
 #define K_PAD {k_pad}L
 #define N_OUT {n_out}L
@@ -264,7 +286,7 @@ def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: 
 #include <math.h>
 #include <omp.h>
 #include <immintrin.h>
-{_PRELUDE}
+{_PRELUDE}{extra}
 static inline float bias_of(const float *bias, long n) {{ return bias ? bias[n] : 0.0f; }}
 {tables}{tiles}
 {UNPACK_TILE}

@@ -16,12 +16,14 @@ import torch
 import torch.nn.functional as F
 
 from sparta_explore.fake_quant import qmax, quantized_linear
+from sparta_explore.kernels import output_pool
 from sparta_explore.kernels.bsr_codegen import TileConfig, V, generate_source, pack_weights, plan_groups
 from sparta_explore.kernels.build import BuiltLibrary, KernelBuildError, build, cpu_flags, load_library, vector_width
 from sparta_explore.kernels.compiled_op import CompiledOp
 from sparta_explore.kernels.int8_codegen import generate_int8_source, pack_pairs, prepare_groups, quantize_rows
 from sparta_explore.kernels.lowbit_codegen import offset_correction, pack_quads
 from sparta_explore.kernels.segment_codegen import generate_segment_source, pack_segment_weights, plan_segments
+from sparta_explore.kernels.vnni_codegen import DotMode, dot_mode, native_dot_mode
 
 _ACT = {"none": lambda y: y, "relu": F.relu, "gelu": F.gelu}
 
@@ -135,7 +137,7 @@ class KernelLinear(CompiledOp):
             return self.reference(x)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).contiguous()
-        y = torch.empty(x2.shape[0], self.out_features)
+        y = output_pool.take((x2.shape[0], self.out_features))  # no page faults on memory freed by a last call
         self._run(x2, y)
         return y.reshape(*lead, self.out_features)
 
@@ -188,43 +190,77 @@ class SparseLinear(KernelLinear):
         return _ACT[self.activation](F.linear(x, self.weight.to(x.dtype), bias))
 
 
+def _resolve_dot(dot: str | None, emulate: bool) -> DotMode | None:
+    """The VNNI dot mode to build: "auto" from the CPU flags, None for none, or a named mode."""
+    if dot is None:
+        return None
+    if dot == "auto":
+        return native_dot_mode(cpu_flags())
+    mode = dot_mode(dot)
+    if not emulate and not mode.needs <= cpu_flags():
+        missing = ", ".join(sorted(mode.needs - cpu_flags()))
+        raise ValueError(f"dot mode {dot!r} needs CPU flags this machine lacks ({missing}); "
+                         "pass emulate_dot=True to run its portable C")
+    return mode
+
+
 class Int8SparseLinear(KernelLinear):
     """y = act(dequant(q(x) q(W_kept)^T) + b): integer activations (per row) and weights (per output row).
 
-    Integer products accumulate exactly in int32 (AVX2 `vpmaddwd` on int16 pairs), so the
-    kernel matches `reference`, the same quantization done in PyTorch, to float rounding.
-    `weight_bits` / `act_bits` (2..8) choose the symmetric grids; all run as int8. Weight
-    grids of 6 bits or fewer run the u8 x s8 `vpmaddubsw` variant (lowbit_codegen), exact too.
+    Integer products accumulate exactly in int32, so the kernel matches `reference`, the
+    same quantization done in PyTorch, to float rounding. `weight_bits` / `act_bits` (2..8)
+    choose the symmetric grids; all run as int8. `variant` says which kernel runs: "vnni"
+    (`vpdpbusd`, where the CPU has AVX-512 VNNI or AVX-VNNI), "int16" (AVX2 `vpmaddwd` on
+    int16 pairs) or "u8" (AVX2 `vpmaddubsw`, weight grids of 6 bits or fewer); padded work
+    decides between quads and pairs. `dot`: "auto" (from the CPU flags), None (no VNNI), or
+    a mode of `vnni_codegen.DOT_MODES`; `emulate_dot=True` runs that mode's exact portable C
+    (tests on CPUs without VNNI). `dot_path` names what ran, e.g. "avx512_vnni (emulated)".
 
     Example:
         >>> q = Int8SparseLinear(lin.weight, lin.bias, kept, block_rows=32)  # doctest: +SKIP
+        >>> q.variant, q.dot_path  # doctest: +SKIP
+        ('vnni', 'avx512_vnni')
     """
 
     exact_grad = False  # rounding the input has no useful gradient
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kept: torch.Tensor, *,
-                 weight_bits: int = 8, act_bits: int = 8, **kwargs) -> None:
+                 weight_bits: int = 8, act_bits: int = 8, dot: str | None = "auto", emulate_dot: bool = False,
+                 **kwargs) -> None:
         qmax(weight_bits)
         qmax(act_bits)
         self.weight_bits, self.act_bits = int(weight_bits), int(act_bits)
+        self.dot = _resolve_dot(dot, emulate_dot)
+        self.emulate_dot = bool(emulate_dot)
+        self.variant = "reference"
         super().__init__(weight, bias, kept, **kwargs)
+
+    @property
+    def dot_path(self) -> str:
+        """The instruction path that runs: a VNNI mode (maybe emulated), "avx2 int16", "avx2 u8" or "reference"."""
+        if self.fallback_reason is not None:
+            return "reference"
+        if self.variant == "vnni" and self.dot is not None:
+            return self.dot.name + (" (emulated)" if self.emulate_dot else "")
+        return self.variant if self.variant == "reference" else f"avx2 {self.variant}"
 
     def _build(self, kept: np.ndarray, block_rows: int, cache_dir) -> None:
         if "avx2" not in cpu_flags():
             raise ValueError("int8 kernels need AVX2")
-        groups, narrow = prepare_groups(kept, block_rows, self.weight_bits, self.act_bits)
+        groups, variant = prepare_groups(kept, block_rows, self.weight_bits, self.act_bits, self.dot)
         wq, scale = quantize_rows(self.weight.numpy(), kept, self.weight_bits)
         self.register_buffer("weight_q", torch.from_numpy(wq))
         self.register_buffer("weight_scale", torch.from_numpy(scale))
         self._tile = 2 * V * 8
         name = "sparse_linear_int8"
         source = generate_int8_source(groups, self.out_features, self.in_features, self.activation, name,
-                                      self.act_bits, self.weight_bits, narrow)
+                                      self.act_bits, self.weight_bits, variant, self.dot, self.emulate_dot)
         self.built = build(source, name, cache_dir=cache_dir)
-        self.variant = "u8" if narrow else "int16"
-        self._packed = torch.from_numpy(pack_quads(wq, groups) if narrow else pack_pairs(wq, groups))
-        self._corr = torch.from_numpy(offset_correction(wq)) if narrow else None
+        quads = variant != "int16"
+        self._packed = torch.from_numpy(pack_quads(wq, groups) if quads else pack_pairs(wq, groups))
+        self._corr = torch.from_numpy(offset_correction(wq)) if quads else None
         self._bind(self.built.lib)
+        self.variant = variant
 
     def _bind(self, lib: ctypes.CDLL) -> None:
         fn = lib.sparse_linear_int8

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from nni.compression.base.setting import PruningSetting
 from nni.compression.pruning import (
     AGPPruner,
     FPGMPruner,
@@ -30,7 +31,23 @@ from torch import nn
 from sparta_explore.errors import ConfigError
 from sparta_explore.pruners.nni_evaluator import quiet_nni, resolve_evaluator
 from sparta_explore.pruners.registry import Masks, PruneRequest, register_pruner
-from sparta_explore.pruners.selection import checked_config_list, nni_op_entry
+from sparta_explore.pruners.selection import STORED_IN_OUT, checked_config_list, nni_op_entry
+
+
+def _register_stored_in_out() -> None:
+    """Tell NNI about Hugging Face's Conv1D (GPT-2): a Linear whose weight is stored (in, out).
+
+    NNI knows only torch's module types and refuses any other ("Conv1D is not registered");
+    the bias follows the output features, which are the weight's dim 1 here.
+    """
+    for name in STORED_IN_OUT:
+        setting = {"weight": dict(PruningSetting.default_setting["weight"]),
+                   "bias": {"align": {"module_name": None, "target_name": "weight", "dims": [1]},
+                            "apply_method": "mul"}}
+        PruningSetting.register(name, setting)
+
+
+_register_stored_in_out()
 
 
 @dataclass(frozen=True)
@@ -88,9 +105,14 @@ def nni_configs(request: PruneRequest, model: nn.Module) -> list[list[dict[str, 
     granularity = "default" if request.block is None else request.block
     entries: list[dict[str, Any]] = []
     for sparsity, layers in request.groups():
-        op_types = tuple(sorted({type(named[n]).__name__ for n in layers}))
-        entries += NNIPruneConfig(sparsity, op_types=op_types, op_names=layers, granularity=granularity,
-                                  training_steps=request.training_steps).to_config_list()
+        for stored_in_out in (False, True):  # a (out, in) block is an (in, out) block of a Conv1D weight
+            part = tuple(n for n in layers if (type(named[n]).__name__ in STORED_IN_OUT) == stored_in_out)
+            if not part:
+                continue
+            grain = tuple(reversed(granularity)) if stored_in_out and not isinstance(granularity, str) else granularity
+            op_types = tuple(sorted({type(named[n]).__name__ for n in part}))
+            entries += NNIPruneConfig(sparsity, op_types=op_types, op_names=part, granularity=grain,
+                                      training_steps=request.training_steps).to_config_list()
     if request.scope == "global":  # NNI ranks every target of one global group together
         entries = [{**e, "global_group_id": 0} for e in entries]
     return [entries]

@@ -65,9 +65,10 @@ def _nonzero_fraction(t) -> float:
     return float((t != 0).sum()) / t.numel()
 
 
-def _linear_flops(module: nn.Module, out: torch.Tensor) -> tuple[int, float]:
-    rows = out.numel() // module.out_features
-    dense = 2 * rows * module.in_features * module.out_features
+def _linear_flops(module: nn.Module, out: torch.Tensor, features: tuple[int, int] | None = None) -> tuple[int, float]:
+    n_in, n_out = features or (module.in_features, module.out_features)
+    rows = out.numel() // n_out
+    dense = 2 * rows * n_in * n_out
     density = getattr(module, "density", None)
     return dense, density if density is not None else _nonzero_fraction(module.weight)
 
@@ -83,7 +84,7 @@ def _flops_of(module: nn.Module, out: object) -> tuple[int, float] | None:
     """(dense FLOPs, fraction of them the module really does) for weighted ops, else None.
 
     Duck-typed so compiled ops count too: linear-like modules expose in/out_features,
-    conv-like ones in/out_channels + kernel_size + groups; `density` overrides the
+    conv-like ones in/out_channels + kernel_size + groups, Hugging Face's Conv1D `nf`; `density` overrides the
     nonzero fraction of `weight`.
     """
     if not isinstance(out, torch.Tensor):
@@ -92,6 +93,9 @@ def _flops_of(module: nn.Module, out: object) -> tuple[int, float] | None:
         return _linear_flops(module, out)
     if hasattr(module, "in_channels") and hasattr(module, "kernel_size") and hasattr(module, "groups"):
         return _conv_flops(module, out)
+    weight = getattr(module, "weight", None)
+    if hasattr(module, "nf") and isinstance(weight, torch.Tensor) and weight.dim() == 2:
+        return _linear_flops(module, out, (weight.shape[0], weight.shape[1]))  # HF Conv1D: weight (in, out)
     return None
 
 
@@ -129,7 +133,7 @@ def count_flops(model: nn.Module, example_inputs: Any) -> tuple[int, int]:
 
     def claim(module: nn.Module, args: tuple) -> None:
         # pre-hooks fire outer-first: a weighted op claims its children before they run
-        if id(module) not in claimed and (hasattr(module, "in_features") or hasattr(module, "in_channels")):
+        if id(module) not in claimed and any(hasattr(module, a) for a in ("in_features", "in_channels", "nf")):
             claimed.update(id(m) for m in module.modules() if m is not module)
 
     def count(module: nn.Module, args: tuple, out: object) -> None:

@@ -76,3 +76,13 @@ def test_torch_dynamic_int8_models_are_counted():
     dense, eff = count_flops(q, (torch.randn(2, 16),))
     assert dense == 2 * 2 * 16 * 16
     assert 0.45 * dense <= eff <= dense // 2  # a few tiny weights also quantize to 0
+
+
+def test_flops_count_hugging_face_conv1d_whose_weight_is_stored_in_by_out():
+    from transformers.pytorch_utils import Conv1D
+
+    layer = Conv1D(6, 4)  # 4 -> 6 features, weight (4, 6)
+    with torch.no_grad():
+        layer.weight[:, :3] = 0  # half the outputs' weights pruned
+    dense, effective = count_flops(layer, (torch.randn(5, 4),))
+    assert dense == 2 * 5 * 4 * 6 and effective == dense // 2

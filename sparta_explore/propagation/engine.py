@@ -84,9 +84,10 @@ class _State:
         readers = self.relevance[name].values()
         tesa = self.base[name]
         if readers and all(r is not None for r in readers):
-            needed = torch.zeros(tesa.shape, dtype=torch.bool)
-            for r in readers:
-                needed |= r
+            masks = list(readers)
+            needed = masks[0]
+            for r in masks[1:]:  # most tensors have one reader: no OR, no copy
+                needed = needed | r
             tesa = tesa.prune(~needed)
         elif not readers:
             tesa = tesa.prune(torch.ones(tesa.shape, dtype=torch.bool))  # nobody reads it

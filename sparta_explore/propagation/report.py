@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
+import torch
 
 from sparta_explore.tesa import TeSA
 from sparta_explore.tesa_table import TeSATable
@@ -25,8 +26,12 @@ class PropagationReport:
     stopped_early: bool = False
 
     def record(self, node: str, op: str, rule: str, tensor: str, direction: str, before: TeSA, after: TeSA) -> None:
-        newly_pruned = int((before.kept & after.pruned).sum())
-        lowered = int(((after.bits < before.bits) & after.kept).sum())
+        # on the packed keys (bits << 2 | fmt) with count_nonzero: a bool .sum() widens to int64,
+        # 4x slower on the million-element activations of a transformer
+        old, new = before._key, after._key
+        newly_pruned = int(torch.count_nonzero((old != 0) & (new == 0)))
+        # newly pruned elements went to 0 bits, so they are among the lowered ones: take them out
+        lowered = int(torch.count_nonzero((new >> 2) < (old >> 2))) - newly_pruned
         self.events.append({"visit": self.visits, "node": node, "op": op, "rule": rule, "tensor": tensor,
                             "direction": direction, "newly_pruned": newly_pruned, "bits_lowered": lowered})
 

@@ -1,4 +1,4 @@
-"""The u8 x s8 int8 variant: exact on narrow weight grids, never overflowing its int16 partial sums."""
+"""The AVX2 u8 x s8 int8 variant (dot=None: no VNNI): exact on narrow weight grids, never overflowing int16."""
 
 import numpy as np
 import pytest
@@ -19,7 +19,7 @@ from .test_sparse_linear import block_mask, check
 def test_u8_variant_matches_quantized_reference(tmp_path, block, shape, density):
     n, k = shape
     layer = Int8SparseLinear(torch.randn(n, k), torch.randn(n), block_mask(n, k, block, density),
-                             block_rows=block[0], weight_bits=4, cache_dir=tmp_path)
+                             block_rows=block[0], weight_bits=4, dot=None, cache_dir=tmp_path)
     assert layer.fallback_reason is None
     assert layer.variant == ("u8" if density > 0 else layer.variant)
     for m in (1, 49, 130, 1000):  # 1000: one tile per work item, no shared pack
@@ -33,7 +33,7 @@ def test_worst_case_sums_do_not_saturate(tmp_path, weight_bits, act_bits):
     w = torch.ones(n, k)
     w[1::2] = -1.0
     layer = Int8SparseLinear(w, None, torch.ones(n, k, dtype=torch.bool), block_rows=16, weight_bits=weight_bits,
-                             act_bits=act_bits, cache_dir=tmp_path)
+                             act_bits=act_bits, dot=None, cache_dir=tmp_path)
     assert layer.variant == "u8"
     x = torch.full((24, k), 3.0)
     x[1::2] = -3.0
@@ -53,9 +53,9 @@ def test_steps_are_the_largest_safe_count():
 
 def test_wide_grids_and_scattered_patterns_keep_the_int16_variant(tmp_path):
     kept = block_mask(64, 64, (1, 1), 0.1)
-    assert not prepare_groups(kept.numpy(), 1, weight_bits=4, act_bits=8)[1]  # quads would pad ~4x
-    assert not prepare_groups(block_mask(64, 64, (32, 32), 0.5).numpy(), 32, weight_bits=8, act_bits=8)[1]
-    layer = Int8SparseLinear(torch.randn(64, 64), None, kept, weight_bits=4, cache_dir=tmp_path)
+    assert prepare_groups(kept.numpy(), 1, weight_bits=4, act_bits=8)[1] == "int16"  # quads would pad ~4x
+    assert prepare_groups(block_mask(64, 64, (32, 32), 0.5).numpy(), 32, weight_bits=8, act_bits=8)[1] == "int16"
+    layer = Int8SparseLinear(torch.randn(64, 64), None, kept, weight_bits=4, dot=None, cache_dir=tmp_path)
     assert layer.variant == "int16"
     check(layer, 30, 64)
 

@@ -1,0 +1,161 @@
+"""The VNNI int8 kernel variant: u8 x s8 products summed straight into int32 by `vpdpbusd`.
+
+AVX-512 VNNI (Intel since Cascade Lake, AMD since Zen 4) and AVX-VNNI have one instruction,
+`vpdpbusd`, that multiplies 4 unsigned bytes of x by 4 signed bytes of w and adds the four
+products to an int32 lane: 64 exact products per 512-bit instruction, no int16 partial
+sums, so every 8-bit weight grid runs it (the AVX2 u8 variant of lowbit_codegen needs a
+narrow grid to avoid int16 saturation). Data layout and arithmetic are the u8 variant's:
+activations quantized per row and stored as q + 128 in k quads, weights as int8 quads,
+the offset removed per output row by `offset_correction`.
+
+The dot product is one entry of `DOT_MODES` (vector type, load, broadcast, dot, half
+extraction as C macros), chosen from the CPU flags; `emulate=True` swaps the one
+instruction for exact portable C over GCC vectors of the same width, so every VNNI kernel
+is built and checked on any x86-64 CPU (AVX2 still packs the activations).
+
+Example:
+    >>> native_dot_mode(frozenset({"avx2", "avx512f", "avx512_vnni"})).name
+    'avx512_vnni'
+    >>> native_dot_mode(frozenset({"avx2"})) is None
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Set
+from dataclasses import dataclass
+
+from sparta_explore.kernels.bsr_codegen import _ACTIVATIONS
+
+
+@dataclass(frozen=True)
+class DotMode:
+    """One way to run `vpdpbusd`: its vector width, register tile and the C that defines it.
+
+    `lanes` int32 lanes per vector; a register tile is `rows` output rows x `vectors`
+    vectors of M; `needs` are the /proc/cpuinfo flags the native instruction requires;
+    `intrinsic` is the C expression of VDOT(a, x, w); `cost` the time per padded product
+    relative to the int16 `vpmaddwd` kernels, which decides quads vs pairs in
+    `int8_codegen.prepare_groups` (measured on BERT FFN shapes, AMD Zen 5).
+    """
+
+    name: str
+    lanes: int
+    vectors: int
+    rows: int
+    needs: frozenset[str]
+    intrinsic: str
+    cost: float
+
+
+DOT_MODES: dict[str, DotMode] = {}
+
+
+def register_dot_mode(mode: DotMode) -> DotMode:
+    """Add a dot mode to the table, preferred in registration order when the CPU has its flags."""
+    DOT_MODES[mode.name] = mode
+    return mode
+
+
+# Geometry and cost measured on AMD Zen 5 (2 threads, 768 x 3072, M = 4096): the 512-bit
+# tile ran dense in 0.56x and 90% 32x32 in 0.45x the int16 kernel's time (6 rows: 30.8 ms
+# dense vs 34.5 ms with 4). VEX AVX-VNNI has only 16 ymm registers: 3 x 3 ran 1.02x dense
+# and 0.89x at 32x32 (4 x 2: 1.41x and 0.66x), so it is taken only where quads do not pad.
+register_dot_mode(DotMode("avx512_vnni", lanes=16, vectors=3, rows=6, needs=frozenset({"avx512f", "avx512_vnni"}),
+                          intrinsic="_mm512_dpbusd_epi32(a, x, w)", cost=0.6))
+register_dot_mode(DotMode("avx_vnni", lanes=8, vectors=3, rows=3, needs=frozenset({"avx_vnni"}),
+                          intrinsic="_mm256_dpbusd_avx_epi32(a, x, w)", cost=0.95))
+
+
+def native_dot_mode(flags: Set[str]) -> DotMode | None:
+    """The first registered mode whose instructions the CPU has, or None (no VNNI: AVX2 kernels)."""
+    for mode in DOT_MODES.values():
+        if mode.needs <= flags:
+            return mode
+    return None
+
+
+def dot_mode(name: str) -> DotMode:
+    """The registered mode `name`; a clear error naming the choices otherwise."""
+    if name not in DOT_MODES:
+        raise ValueError(f"unknown VNNI dot mode {name!r}; choose from {sorted(DOT_MODES)}")
+    return DOT_MODES[name]
+
+
+def _native_prelude(mode: DotMode) -> str:
+    if mode.lanes == 16:
+        return f"""
+typedef __m512i VI;
+#define VZERO() _mm512_setzero_si512()
+#define VLOAD(p) _mm512_loadu_si512((const void *)(p))
+#define VBCAST(w) _mm512_set1_epi32(w)
+static inline VI vdot(VI a, VI x, VI w) {{ return {mode.intrinsic}; }}
+static inline vi vhalf(VI a, int h) {{ return (vi)(h ? _mm512_extracti64x4_epi64(a, 1) : _mm512_castsi512_si256(a)); }}
+"""
+    return f"""
+typedef __m256i VI;
+#define VZERO() _mm256_setzero_si256()
+#define VLOAD(p) _mm256_loadu_si256((const __m256i *)(p))
+#define VBCAST(w) _mm256_set1_epi32(w)
+static inline VI vdot(VI a, VI x, VI w) {{ return {mode.intrinsic}; }}
+static inline vi vhalf(VI a, int h) {{ (void)h; return (vi)a; }}
+"""
+
+
+def _emulated_prelude(lanes: int) -> str:
+    # exact vpdpbusd in portable C: per int32 lane, 4 u8 x s8 products added in int32
+    return f"""
+typedef int32_t VI __attribute__((vector_size({4 * lanes})));
+typedef uint8_t VU8 __attribute__((vector_size({4 * lanes})));
+typedef int8_t VS8 __attribute__((vector_size({4 * lanes})));
+#define VZERO() ((VI){{0}})
+static inline VI vload_(const void *p) {{ VI v; memcpy(&v, p, sizeof v); return v; }}
+#define VLOAD(p) vload_(p)
+#define VBCAST(w) (((VI){{0}}) + (int32_t)(w))
+static inline VI vdot(VI a, VI x, VI w) {{
+    const VU8 xb = (VU8)x;
+    const VS8 wb = (VS8)w;
+    for (int i = 0; i < {lanes}; ++i)
+        for (int j = 0; j < 4; ++j) a[i] += (int32_t)xb[4 * i + j] * (int32_t)wb[4 * i + j];
+    return a;
+}}
+static inline vi vhalf(VI a, int h) {{ vi r; memcpy(&r, (const int32_t *)&a + 8 * h, sizeof r); return r; }}
+"""
+
+
+def vnni_prelude(mode: DotMode, emulate: bool) -> str:
+    """The C that defines VI, VZERO, VLOAD, VBCAST, vdot and vhalf for `mode` (portable when `emulate`)."""
+    return _emulated_prelude(mode.lanes) if emulate else _native_prelude(mode)
+
+
+def vnni_tile(r: int, act: str, mode: DotMode) -> str:
+    """One register tile: r output rows x mode.vectors vectors of mode.lanes rows of M."""
+    v, lanes = mode.vectors, mode.lanes
+    pairs = [(i, j) for i in range(r) for j in range(v)]
+    acc = " ".join(f"VI a{i}{j} = VZERO();" for i, j in pairs)
+    loads = " ".join(f"const VI x{j} = VLOAD(x + {j * lanes * 4});" for j in range(v))
+    dots = " ".join(f"{{ const VI b = VBCAST(w[{i}]); "
+                    + " ".join(f"a{i}{j} = vdot(a{i}{j}, x{j}, b);" for j in range(v)) + " }"
+                    for i in range(r))
+    stores = " ".join(
+        f"{{ vf v = __builtin_convertvector(vhalf(a{i}{j}, {h}) - corr[n0 + {i}], vf)"
+        f" * LD(sx + t + {j * lanes + 8 * h}) * ws[n0 + {i}] + bias_of(bias, n0 + {i}); {_ACTIVATIONS[act]} "
+        f"ST(yb + (n0 + {i}) * TILE + t + {j * lanes + 8 * h}, v); }}"
+        for i, j in pairs for h in range(lanes // 8))
+    return f"""
+static inline void qtile{r}(const uint8_t *xq, const float *sx, float *yb, long t, long g, const int32_t *W,
+                           const int32_t *corr, const float *ws, const float *bias) {{
+    const vf zero = {{0}}; const vf one = zero + 1.0f; (void)one;
+    {acc}
+    const long n0 = G_ROW0[g];
+    const int32_t *w = W + G_WOFF[g];
+    for (long s = G_SEGPTR[g]; s < G_SEGPTR[g + 1]; ++s) {{
+        const uint8_t *x = xq + (G_SEGK0[s] / 4) * TILE * 4 + t * 4;
+        for (long q = G_SEGLEN[s] / 4; q > 0; --q, x += 4 * TILE, w += {r}) {{
+            {loads}
+            {dots}
+        }}
+    }}
+    {stores}
+}}
+"""

@@ -1,0 +1,117 @@
+"""The VNNI int8 variant: every dot mode emulated on any CPU, native where the flags are, always exact."""
+
+import numpy as np
+import pytest
+import torch
+
+from sparta_explore.kernels import Int8SparseLinear
+from sparta_explore.kernels import sparse_linear as sparse_linear_module
+from sparta_explore.kernels.build import cpu_flags
+from sparta_explore.kernels.int8_codegen import generate_int8_source, prepare_groups
+from sparta_explore.kernels.vnni_codegen import DOT_MODES, dot_mode, native_dot_mode
+
+from .test_sparse_linear import block_mask, check
+
+MODES = sorted(DOT_MODES)
+needs_avx2 = pytest.mark.skipif("avx2" not in cpu_flags(), reason="int8 kernels need AVX2")
+
+
+@needs_avx2
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("block", [(32, 32), (1, 32), (4, 4), (1, 1)])
+@pytest.mark.parametrize("shape", [(96, 128), (70, 45), (13, 300)])  # ragged edges, K not a multiple of 4
+@pytest.mark.parametrize("density", [0.0, 0.1, 1.0])  # all-zero weights, mostly empty blocks, dense
+def test_emulated_vnni_kernels_match_the_quantized_reference(tmp_path, mode, block, shape, density):
+    n, k = shape
+    layer = Int8SparseLinear(torch.randn(n, k), torch.randn(n), block_mask(n, k, block, density),
+                             block_rows=block[0], dot=mode, emulate_dot=True, cache_dir=tmp_path)
+    assert layer.fallback_reason is None
+    if layer.variant == "vnni":
+        assert layer.dot_path == f"{mode} (emulated)"
+    for m in (1, 49, 130, 1000):  # ragged M tiles; 1000: one tile per work item, no shared pack
+        check(layer, m, k)
+
+
+@needs_avx2
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("act", ["relu", "gelu"])
+@pytest.mark.parametrize("weight_bits,act_bits", [(8, 8), (4, 8), (8, 4)])
+def test_emulated_vnni_with_activations_and_narrow_grids(tmp_path, mode, act, weight_bits, act_bits):
+    n, k = 64, 96
+    layer = Int8SparseLinear(torch.randn(n, k), torch.randn(n), block_mask(n, k, (16, 16), 0.5), block_rows=16,
+                             activation=act, weight_bits=weight_bits, act_bits=act_bits, dot=mode,
+                             emulate_dot=True, cache_dir=tmp_path)
+    assert layer.variant == "vnni" and layer.fallback_reason is None
+    check(layer, 77, k)
+
+
+@needs_avx2
+@pytest.mark.parametrize("mode", MODES)
+def test_full_8_bit_sums_are_exact_no_int16_saturation(tmp_path, mode):
+    """Every activation at +-127 (u8 255 / 1 after the offset) times every weight at +-127: int32 sums only."""
+    n, k = 16, 512
+    w = torch.ones(n, k)
+    w[1::2] = -1.0
+    layer = Int8SparseLinear(w, None, torch.ones(n, k, dtype=torch.bool), block_rows=16, dot=mode,
+                             emulate_dot=True, cache_dir=tmp_path)
+    assert layer.variant == "vnni"
+    x = torch.full((50, k), 3.0)
+    x[1::2] = -3.0
+    want = layer.reference(x)
+    assert torch.equal(layer(x), want)
+    assert float(want.abs().max()) == pytest.approx(3.0 * k, rel=1e-6)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_native_vnni_kernels_match_the_reference(tmp_path, mode):
+    _native_skip(mode)
+    n, k = 70, 45
+    for block, density in (((32, 32), 0.1), ((1, 1), 0.5), ((16, 16), 1.0)):
+        layer = Int8SparseLinear(torch.randn(n, k), torch.randn(n), block_mask(n, k, block, density),
+                                 block_rows=block[0], dot=mode, activation="gelu", cache_dir=tmp_path)
+        assert layer.fallback_reason is None
+        for m in (1, 49, 1000):
+            check(layer, m, k)
+    layer = Int8SparseLinear(torch.randn(64, 64), None, torch.ones(64, 64, dtype=torch.bool), dot=mode,
+                             cache_dir=tmp_path)
+    assert layer.variant == "vnni" and layer.dot_path == mode
+
+
+def _native_skip(mode: str) -> None:
+    missing = sorted(DOT_MODES[mode].needs - cpu_flags())
+    if missing:
+        pytest.skip(f"{mode} needs CPU flags this machine lacks: {missing}")
+
+
+def test_native_mode_comes_from_the_cpu_flags():
+    assert native_dot_mode(frozenset({"avx2", "fma"})) is None
+    assert native_dot_mode(frozenset({"avx2", "avx_vnni"})).name == "avx_vnni"
+    assert native_dot_mode(frozenset({"avx2", "avx_vnni", "avx512f", "avx512_vnni"})).name == "avx512_vnni"
+    with pytest.raises(ValueError, match="unknown VNNI dot mode 'sse'"):
+        dot_mode("sse")
+
+
+def test_a_named_mode_the_cpu_lacks_is_refused_unless_emulated(monkeypatch, tmp_path):
+    monkeypatch.setattr(sparse_linear_module, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    with pytest.raises(ValueError, match=r"avx512_vnni.*lacks \(avx512_vnni, avx512f\).*emulate_dot=True"):
+        Int8SparseLinear(torch.randn(8, 8), None, torch.ones(8, 8, dtype=torch.bool), dot="avx512_vnni")
+    auto = Int8SparseLinear(torch.randn(8, 8), None, torch.ones(8, 8, dtype=torch.bool), cache_dir=tmp_path)
+    assert auto.dot is None and auto.variant in ("int16", "u8")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_emulated_source_has_no_vnni_instruction_and_native_source_has_it(mode):
+    kept = np.ones((16, 64), dtype=bool)
+    dot = dot_mode(mode)
+    groups, variant = prepare_groups(kept, 16, 8, 8, dot)
+    assert variant == "vnni"
+    native = generate_int8_source(groups, 16, 64, "none", "f", variant="vnni", dot=dot)
+    emulated = generate_int8_source(groups, 16, 64, "none", "f", variant="vnni", dot=dot, emulate=True)
+    assert "dpbusd" in native and "dpbusd" not in emulated
+
+
+def test_scattered_patterns_keep_int16_pairs_where_quads_would_pad():
+    dot = dot_mode("avx512_vnni")
+    scattered = block_mask(64, 256, (1, 1), 0.05).numpy()  # quads hold ~1 kept weight in 4
+    assert prepare_groups(scattered, 1, 8, 8, dot)[1] == "int16"
+    assert prepare_groups(block_mask(64, 256, (32, 32), 0.3).numpy(), 32, 8, 8, dot)[1] == "vnni"
