@@ -36,6 +36,8 @@ def take(shape: Sequence[int]) -> torch.Tensor:
         >>> take((2, 3)).shape
         torch.Size([2, 3])
     """
+    if not hasattr(torch._C, "_storage_Use_Count"):  # private API; without it no buffer is provably free
+        return torch.empty(*shape)
     numel = 1
     for s in shape:
         numel *= int(s)
