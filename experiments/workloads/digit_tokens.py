@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from fit import fit_cached
 from torch import nn
 
 from sparta_explore.cache import atomic_write, content_key, resolve_cache_dir
@@ -110,22 +111,11 @@ def trained(name: str, build: Callable[[], nn.Module], data: TokenDigits, *, epo
     key = content_key({"name": name, "arch": repr(model), "epochs": epochs, "lr": lr, "seed": seed,
                        "torch": torch.__version__})
     path = resolve_cache_dir(cache_dir, "workloads") / f"{name}-{key}.pt"
-    if path.exists():
-        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-        return model.eval()
-    epoch = batches(data.train_ids, data.train_y, seed=seed)
-    steps = epochs * sum(1 for _ in epoch())
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
-    model.train()
-    for _ in range(epochs):
-        for batch in epoch():
-            opt.zero_grad()
-            loss(model, batch).backward()
-            opt.step()
-            sched.step()
-    model.eval()
-    atomic_write(path, lambda f: torch.save(model.state_dict(), f))
+    fresh = not path.exists()
+    model = fit_cached(model, path, batches(data.train_ids, data.train_y, seed=seed), loss, epochs=epochs, lr=lr,
+                       weight_decay=0.01, pct_start=0.1)
+    if not fresh:
+        return model
     record = {"name": name, "test_accuracy": accuracy(model, data.test_ids, data.test_y)}
     atomic_write(path.with_suffix(".json"), lambda f: f.write(json.dumps(record).encode()))
     return model

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from fit import fit_cached
 from torch import nn
 
-from sparta_explore.cache import atomic_write, content_key, resolve_cache_dir
+from sparta_explore.cache import content_key, resolve_cache_dir
 from sparta_explore.workload import Workload
 from sparta_explore.zoo import load_digits_split
 
@@ -86,20 +87,7 @@ def resnet_workload(widths: tuple[int, ...] = (32, 64, 128), epochs: int = 15, c
         torch.manual_seed(0)
         model = ResNet(widths)
         path = resolve_cache_dir(cache_dir, "workloads") / f"resnet-{content_key([widths, epochs])}.pt"
-        if path.exists():
-            model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-            return model.eval()
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-4)
-        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=epochs * (len(train_x) // 64))
-        model.train()
-        for _ in range(epochs):
-            for batch in epoch():
-                opt.zero_grad()
-                loss(model, batch).backward()
-                opt.step()
-                sched.step()
-        atomic_write(path, lambda f: torch.save(model.state_dict(), f))
-        return model.eval()
+        return fit_cached(model, path, epoch, loss, epochs=epochs, lr=3e-3, weight_decay=1e-4)
 
     def latency(batch: int) -> tuple[torch.Tensor]:
         return (test_x.repeat(-(-batch // len(test_x)), 1, 1, 1)[:batch].contiguous(),)
