@@ -9,7 +9,9 @@ minimum of the pair (bits, format rank), with pruned elements normalised to one 
 it is commutative, associative and idempotent; that is why propagation terminates.
 
 Storage: one uint8 per element, ``key = bits * 4 + format rank`` (at most 131), so the
-meet is a single elementwise `torch.minimum` and pruned is ``key == 0``.
+meet is a single elementwise `torch.minimum` and pruned is ``key == 0``. A key constant
+along some dims (every sample and token alike) is kept as a stride-0 broadcast of its core
+(`sparta_explore.compact`): attributes of batch x tokens activations cost one row.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from enum import IntEnum
 
 import torch
 
+from sparta_explore.compact import core, count_true, equal, keep_where, negate, spread
 from sparta_explore.errors import TeSABitsError, TeSAShapeError
 
 MAX_BITS = 32
@@ -132,7 +135,9 @@ class TeSA:
             {8: 12}
         """
         _check_bits(bits, "TeSA.dense")
-        return cls(torch.full(tuple(shape), bits, dtype=torch.uint8), fmt)
+        key = bits * 4 + int(NumberFormat.parse(fmt)) if bits else 0
+        # one stored element, broadcast (stride 0): a dense batch x tokens x 3072 attribute costs nothing
+        return cls._from_key(torch.full((1,) * len(tuple(shape)), key, dtype=torch.uint8).expand(tuple(shape)))
 
     @classmethod
     def from_mask(cls, mask: torch.Tensor, bits: int = MAX_BITS,
@@ -146,8 +151,9 @@ class TeSA:
         if not isinstance(mask, torch.Tensor):
             raise TeSABitsError(f"TeSA.from_mask: mask must be a torch.Tensor, got {type(mask).__name__}")
         _check_bits(bits, "TeSA.from_mask")
-        kept = mask.detach().cpu() != 0
-        return cls(kept.to(torch.uint8) * bits, fmt)
+        kept = core(mask.detach().cpu()) != 0  # an expanded mask stays compact
+        key = kept.to(torch.uint8) * (bits * 4 + int(NumberFormat.parse(fmt)) if bits else 0)
+        return cls._from_key(spread(key, mask.shape))
 
     # ---- views -------------------------------------------------------------------
     @property
@@ -162,13 +168,13 @@ class TeSA:
 
     @property
     def pruned(self) -> torch.Tensor:
-        """bool tensor, True where the element is pruned."""
-        return self._key == 0
+        """bool tensor, True where the element is pruned (read-only: may be a broadcast view)."""
+        return spread(core(self._key) == 0, self._key.shape)
 
     @property
     def kept(self) -> torch.Tensor:
-        """bool tensor, True where the element is kept."""
-        return self._key != 0
+        """bool tensor, True where the element is kept (read-only: may be a broadcast view)."""
+        return spread(core(self._key) != 0, self._key.shape)
 
     @property
     def shape(self) -> Shape:
@@ -179,14 +185,18 @@ class TeSA:
         return self._key.numel()
 
     def _key_counts(self) -> list[int]:
-        # bincount over the 132 possible keys: one pass, no sort (torch.unique sorts)
-        return torch.bincount(self._key.flatten().to(torch.int32), minlength=MAX_BITS * 4 + 4).tolist()
+        # bincount over the 132 possible keys: one pass, no sort (torch.unique sorts); on the core,
+        # scaled by how many times a broadcast key repeats it
+        c = core(self._key)
+        repeat = self._key.numel() // c.numel() if c.numel() else 0
+        counts = torch.bincount(c.flatten().to(torch.int32), minlength=MAX_BITS * 4 + 4).tolist()
+        return [n * repeat for n in counts]
 
     @property
     def sparsity(self) -> float:
         """Fraction of pruned elements (0.0 for an empty tensor)."""
         n = self._key.numel()
-        return float((self._key == 0).sum()) / n if n else 0.0
+        return count_true(self.pruned) / n if n else 0.0
 
     @property
     def density(self) -> float:
@@ -281,14 +291,18 @@ class TeSA:
         if not isinstance(other, TeSA):
             raise TypeError(f"TeSA.merge needs a TeSA, got {type(other).__name__}")
         try:
-            return TeSA._from_key(torch.minimum(self._key, other._key))
+            small = torch.minimum(core(self._key), core(other._key))
+            return TeSA._from_key(spread(small, torch.broadcast_shapes(self._key.shape, other._key.shape)))
         except RuntimeError:
             raise TeSAShapeError(f"cannot merge TeSAs of shapes {self.shape} and {other.shape}") from None
 
     def prune(self, mask: torch.Tensor) -> TeSA:
         """A copy with the elements where `mask` is True also pruned."""
         try:
-            return TeSA._from_key(self._key.masked_fill(mask.bool().cpu(), 0))
+            mask = mask.cpu()
+            if torch.broadcast_shapes(self._key.shape, mask.shape) != self._key.shape:
+                raise RuntimeError("mask larger than the TeSA")
+            return TeSA._from_key(keep_where(self._key, negate(mask if mask.dtype == torch.bool else mask != 0)))
         except RuntimeError:
             raise TeSAShapeError(f"prune mask of shape {tuple(mask.shape)} does not fit TeSA {self.shape}") from None
 
@@ -300,16 +314,16 @@ class TeSA:
             {0: 1, 8: 1}
         """
         _check_bits(bits, "TeSA.with_bits")
-        if fmt is None:
-            key = (self._key & 3) + bits * 4
-        else:
-            key = torch.full_like(self._key, bits * 4 + int(NumberFormat.parse(fmt)))
-        return TeSA._from_key(key.masked_fill_(self.pruned, 0) if bits else torch.zeros_like(self._key))
+        c = core(self._key)
+        if not bits:
+            return TeSA._from_key(spread(torch.zeros_like(c), self._key.shape))
+        key = (c & 3) + bits * 4 if fmt is None else torch.full_like(c, bits * 4 + int(NumberFormat.parse(fmt)))
+        return TeSA._from_key(spread(key.masked_fill_(c == 0, 0), self._key.shape))
 
     def expand(self, shape: Sequence[int]) -> TeSA:
         """Broadcast size-1 dims to `shape` (for activations kept at batch size 1)."""
         try:
-            return TeSA._from_key(self._key.expand(tuple(shape)).contiguous())
+            return TeSA._from_key(self._key.expand(tuple(shape)))
         except RuntimeError:
             raise TeSAShapeError(f"TeSA of shape {self.shape} cannot broadcast to {tuple(shape)}") from None
 
@@ -326,7 +340,7 @@ class TeSA:
     # ---- comparison and display ----------------------------------------------------
     def equals(self, other: TeSA) -> bool:
         """Same shape, same bits and formats everywhere."""
-        return isinstance(other, TeSA) and self.shape == other.shape and torch.equal(self._key, other._key)
+        return isinstance(other, TeSA) and self.shape == other.shape and equal(self._key, other._key)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, TeSA) and self.equals(other)

@@ -16,9 +16,11 @@ so bits and formats flow through them unchanged.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
+from sparta_explore.compact import any_over, core, spread
 from sparta_explore.tesa import TeSA
 
 
@@ -34,7 +36,15 @@ def any_to(mask: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     shape = tuple(shape)
     if tuple(mask.shape) == shape:
         return mask
-    return mask.float().sum_to_size(shape) > 0
+    lead = mask.dim() - len(shape)
+    if lead < 0 or any(n not in (1, m) for n, m in zip(shape, mask.shape[lead:])):
+        raise RuntimeError(f"mask of shape {tuple(mask.shape)} does not reduce to {shape}")
+    # on the core: dims a broadcast mask repeats along need no reduction
+    out = core(mask)
+    dims = [d for d in range(lead)] + [lead + i for i, n in enumerate(shape) if n == 1]
+    for d in sorted(dims, reverse=True):
+        out = out.any(dim=d, keepdim=d >= lead) if out.shape[d] > 1 else (out.squeeze(d) if d < lead else out)
+    return spread(out, shape)
 
 
 def multilinear(fn: Callable[..., torch.Tensor], inputs: Sequence[TeSA | None], output: TeSA,
@@ -102,42 +112,76 @@ def row_wise_linear(x: torch.Tensor, w: torch.Tensor, allowed: torch.Tensor,
     """
     k, n = x.shape[-1], allowed.shape[-1]
     lead = allowed.shape[:-1]
-    rows = torch.cat([x.expand(*lead, k).reshape(-1, k), allowed.reshape(-1, n)], dim=1)
-    if rows.shape[0] > 1 and bool((rows == rows[:1]).all()):
-        unique, inverse = rows[:1], torch.zeros(rows.shape[0], dtype=torch.long)
-    else:
-        unique, inverse = torch.unique(rows.to(torch.uint8), dim=0, return_inverse=True)
-        unique = unique.bool()
+    xs, ys = x.expand(*lead, k).reshape(-1, k), allowed.reshape(-1, n)
+    if _rows_equal(xs) and _rows_equal(ys):  # the usual case: answer for one row, broadcast (no copies)
+        out, kx, kw = _one_row_linear(xs[0], w, ys[0])
+        return out.reshape(*(1,) * len(lead), n).expand(*lead, n), kx.expand(x.shape), kw
+    rows = torch.cat([xs, ys], dim=1)
+    unique, inverse = torch.unique(rows.to(torch.uint8), dim=0, return_inverse=True)
+    unique = unique.bool()
     out, (kx, kw) = multilinear_masks(lambda a, b: torch.nn.functional.linear(a, b), [unique[:, :k], w],
                                       unique[:, k:])
     kx_full = kx[inverse].reshape(*lead, k)
     return out[inverse].reshape(*lead, n), any_to(kx_full, x.shape), kw
 
 
+def _one_row_linear(x: torch.Tensor, w: torch.Tensor, allowed: torch.Tensor,
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # the product rule of y = W x on bool masks directly: no float copies of W, no autograd
+    # (those cost ~10 ms per BERT linear, most of it first-touch of fresh 9 MB buffers)
+    out = (w & x).any(dim=1) & allowed
+    kx = (w & out.unsqueeze(1)).any(dim=0)
+    return out, kx, out.unsqueeze(1) & x.unsqueeze(0)
+
+
+def _rows_equal(rows: torch.Tensor) -> bool:
+    """True if every row of a 2-d mask equals the first (a stride-0 expansion is answered without a pass)."""
+    if rows.shape[0] <= 1 or rows.stride(0) == 0:
+        return True
+    return bool((rows == rows[:1]).all())
+
+
 def moved_keys(fn: Callable[..., torch.Tensor | tuple], inputs: Sequence[TeSA]) -> TeSA | tuple[TeSA, ...]:
-    """Replay a data-movement op on the packed keys: each output element carries its source's bits."""
-    out = fn(*[t._key for t in inputs])
+    """Replay a data-movement op on the packed keys: each output element carries its source's bits.
+
+    A broadcast key usually moves as a view (a reshape or transpose keeps stride 0); an op
+    that needs contiguous memory (`view` across an expanded dim) gets the full key.
+    """
+    out = _replay(fn, [t._key for t in inputs])
     if isinstance(out, (tuple, list)):
-        return tuple(TeSA._from_key(o.contiguous()) for o in out)
-    return TeSA._from_key(out.contiguous())
+        return tuple(TeSA._from_key(o) for o in out)
+    return TeSA._from_key(out)
+
+
+def _replay(fn: Callable[..., Any], xs: list[torch.Tensor]) -> Any:
+    try:
+        return fn(*xs)
+    except RuntimeError:  # e.g. view() of a stride-0 tensor: the same op on contiguous copies
+        return fn(*[x.contiguous() for x in xs])
 
 
 def moved_back(fn: Callable[..., torch.Tensor | tuple], inputs: Sequence[TeSA],
                output: TeSA | tuple[TeSA, ...]) -> list[torch.Tensor]:
     """Backward of a data-movement op: an input element matters iff a kept output reads it."""
-    xs = [torch.ones(t.shape, dtype=torch.float32, requires_grad=True) for t in inputs]
+    outs = list(output) if isinstance(output, tuple) else [output]
+    # float copies of the cores, broadcast like the keys: autograd moves them as views too
+    grad_outputs = [spread(core(o.kept).to(torch.float32), o.shape) for o in outs]
+    try:
+        grads = _moved_grads(fn, [torch.ones((1,) * len(t.shape)).expand(t.shape) for t in inputs], grad_outputs)
+    except RuntimeError:  # an op that needs contiguous memory: full-size ones and gradients
+        grads = _moved_grads(fn, [torch.ones(t.shape) for t in inputs], [g.contiguous() for g in grad_outputs])
+    return [spread(torch.zeros((1,) * len(t.shape), dtype=torch.bool), t.shape) if g is None
+            else spread(core(g) > 0, g.shape) for t, g in zip(inputs, grads)]
+
+
+def _moved_grads(fn: Callable[..., Any], xs: list[torch.Tensor], grad_outputs: list[torch.Tensor]) -> tuple:
+    xs = [x.requires_grad_(True) for x in xs]
     with torch.enable_grad():
         y = fn(*xs)
         ys = list(y) if isinstance(y, (tuple, list)) else [y]
-        outs = list(output) if isinstance(output, tuple) else [output]
-        grads = torch.autograd.grad(ys, xs, grad_outputs=[o.kept.to(torch.float32) for o in outs],
-                                    allow_unused=True)
-    return [torch.zeros(t.shape, dtype=torch.bool) if g is None else g > 0 for t, g in zip(inputs, grads)]
+        return torch.autograd.grad(ys, xs, grad_outputs=grad_outputs, allow_unused=True)
 
 
 def group_any(mask: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
     """Logical or over `dims`, kept as size-1 dims so it broadcasts back."""
-    out = mask
-    for d in sorted({d % mask.dim() for d in dims}):
-        out = out.any(dim=d, keepdim=True)
-    return out
+    return any_over(mask, dims)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from sparta_explore.compact import both, either, equal, keep_where
 from sparta_explore.errors import TeSANameError
 from sparta_explore.graph import Graph
 from sparta_explore.propagation.registry import (
@@ -87,11 +88,11 @@ class _State:
             masks = list(readers)
             needed = masks[0]
             for r in masks[1:]:  # most tensors have one reader: no OR, no copy
-                needed = needed | r
-            tesa = tesa.prune(~needed)
+                needed = either(needed, r)
+            tesa = TeSA._from_key(keep_where(tesa._key, needed))
         elif not readers:
-            tesa = tesa.prune(torch.ones(tesa.shape, dtype=torch.bool))  # nobody reads it
-        changed = not torch.equal(tesa._key, self.current[name]._key)
+            tesa = TeSA.dense(tesa.shape, bits=0)  # nobody reads it
+        changed = not equal(tesa._key, self.current[name]._key)
         self.current[name] = tesa
         return changed
 
@@ -249,22 +250,27 @@ class _Engine:
                 self._propose(proposals, param_names[local], value)
         for name, mask in proposals.items():
             previous = self.state.relevance[name].get(node.name)
-            self.state.relevance[name][node.name] = mask if previous is None else previous & mask
+            if previous is not None and equal(previous, mask):
+                continue  # a revisit that asks for what it asked before: nothing to recompute
+            self.state.relevance[name][node.name] = mask if previous is None else both(previous, mask)
             self._note(node, rule_name, name, "backward", changed)
         return changed
 
     def _propose(self, proposals: dict[str, torch.Tensor], name: str, value: torch.Tensor | TeSA) -> None:
         shape = self.state.base[name].shape
         mask = value.kept if isinstance(value, TeSA) else value
-        mask = torch.broadcast_to(mask, shape)
-        proposals[name] = proposals[name] | mask if name in proposals else mask.clone()
+        mask = torch.broadcast_to(mask, shape)  # a view: masks are never written in place
+        proposals[name] = either(proposals[name], mask) if name in proposals else mask
 
     def _forward(self, node: fx.Node, rule: str, name: str, value: torch.Tensor | TeSA, changed: list[str]) -> None:
         base = self.state.base[name]
         if isinstance(value, TeSA):
-            self.state.base[name] = base.merge(value.expand(base.shape) if value.shape != base.shape else value)
+            new = base.merge(value.expand(base.shape) if value.shape != base.shape else value)
         else:
-            self.state.base[name] = base.prune(~torch.broadcast_to(value, base.shape))
+            new = TeSA._from_key(keep_where(base._key, torch.broadcast_to(value, base.shape)))
+        if equal(new._key, base._key):
+            return  # the op's forward fact is already known
+        self.state.base[name] = new
         self._note(node, rule, name, "forward", changed)
 
     def _note(self, node: fx.Node, rule: str, name: str, direction: str, changed: list[str]) -> None:

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
-import torch
 
+from sparta_explore.compact import both, core, count_true, spread
 from sparta_explore.tesa import TeSA
 from sparta_explore.tesa_table import TeSATable
 
@@ -29,9 +29,9 @@ class PropagationReport:
         # on the packed keys (bits << 2 | fmt) with count_nonzero: a bool .sum() widens to int64,
         # 4x slower on the million-element activations of a transformer
         old, new = before._key, after._key
-        newly_pruned = int(torch.count_nonzero((old != 0) & (new == 0)))
+        newly_pruned = count_true(both(before.kept, after.pruned))
         # newly pruned elements went to 0 bits, so they are among the lowered ones: take them out
-        lowered = int(torch.count_nonzero((new >> 2) < (old >> 2))) - newly_pruned
+        lowered = count_true(spread((core(new) >> 2) < (core(old) >> 2), old.shape)) - newly_pruned
         self.events.append({"visit": self.visits, "node": node, "op": op, "rule": rule, "tensor": tensor,
                             "direction": direction, "newly_pruned": newly_pruned, "bits_lowered": lowered})
 

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sparta_explore.compact import both, either, spread
 from sparta_explore.propagation.algebra import any_to, multilinear
 from sparta_explore.propagation.registry import OpUpdate, OpView, Unsupported, register_rule
 from sparta_explore.tesa import TeSA
@@ -58,7 +59,7 @@ def _operands(op: OpView) -> tuple:
 
 
 def _full(op: OpView, value: bool) -> torch.Tensor:
-    return torch.full(op.output.shape, value, dtype=torch.bool)
+    return spread(torch.full((1,) * len(op.output.shape), value, dtype=torch.bool), op.output.shape)
 
 
 def _as_kept(op: OpView, v: TeSA | Number) -> torch.Tensor:
@@ -70,12 +71,16 @@ def add_rule(op: OpView) -> OpUpdate:
     # a + b may be non-zero where either side is kept; each side matters where the sum does
     a, b = _operands(op)
     alpha = op.kwargs.get("alpha", 1)
-    kb = _as_kept(op, b) & (alpha != 0) if isinstance(b, TeSA) else _full(op, b != 0 and alpha != 0)
-    out = torch.broadcast_to(_as_kept(op, a), op.output.shape) | torch.broadcast_to(kb, op.output.shape)
+    if isinstance(b, TeSA):
+        kb = _as_kept(op, b) if alpha != 0 else _full(op, False)
+    else:
+        kb = _full(op, b != 0 and alpha != 0)
+    # on broadcast cores (compact): a residual add of two batch-invariant masks stays one row
+    out = torch.broadcast_to(either(_as_kept(op, a), kb), op.output.shape)
     args = {}
     for slot, v in ((op.slot_of(0, "input"), a), (op.slot_of(1, "other"), b)):
         if isinstance(v, TeSA):
-            args[slot] = any_to(op.output.kept & out, v.shape)
+            args[slot] = any_to(both(op.output.kept, out), v.shape)
     return OpUpdate(output=out, args=args)
 
 

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sparta_explore.compact import any_over, both, either
 from sparta_explore.propagation.algebra import any_to, multilinear, row_wise_linear
 from sparta_explore.propagation.registry import OpUpdate, OpView, Unsupported, register_rule
 from sparta_explore.tesa import TeSA
@@ -25,9 +26,9 @@ def _with_bias(out_kept: torch.Tensor, bias: TeSA | None, output: TeSA, channel_
         return out_kept, None
     shape = [1] * output.kept.dim()
     shape[channel_dim] = -1
-    out = out_kept | (bias.kept.reshape(shape) & output.kept)
+    out = either(out_kept, both(bias.kept.reshape(shape), output.kept))  # on cores: stays compact
     dims = [d for d in range(out.dim()) if d != channel_dim % out.dim()]
-    bias_kept = out.any(dim=tuple(dims)) if dims else out
+    bias_kept = any_over(out, dims).reshape(-1) if dims else out
     return out, bias_kept
 
 
@@ -168,6 +169,10 @@ def sdpa_rule(op: OpView) -> OpUpdate:
     if causal:
         allowed = torch.tril(allowed)
     scores_shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (lq, lk)
+    if not causal and q.kept.dim() == k.kept.dim() == v.kept.dim():
+        kq, kk, kv, out = attention_masks_unmasked(q.kept, k.kept, v.kept, op.output.kept)
+        return OpUpdate(output=out, args={op.slot_of(0, "query"): kq, op.slot_of(1, "key"): kk,
+                                          op.slot_of(2, "value"): kv})
     probs = TeSA.from_mask(allowed.expand(scores_shape))
     out, (kp, kv) = multilinear(torch.matmul, [probs, v], op.output)
     # softmax couples a whole row: every score of a row matters if any probability in it does
@@ -176,3 +181,34 @@ def sdpa_rule(op: OpView) -> OpUpdate:
     _, (kq, kk) = multilinear(lambda a, b: torch.matmul(a, b.transpose(-1, -2)), [q, k], scores_out)
     return OpUpdate(output=out, args={op.slot_of(0, "query"): kq, op.slot_of(1, "key"): kk,
                                       op.slot_of(2, "value"): kv})
+
+
+def attention_masks_unmasked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`sdpa_rule`'s product rule in closed form when every query may attend every key.
+
+    With all probabilities possibly non-zero, out[i, d] is kept iff some v[j, d] is, v[j, d]
+    matters iff some kept out[i, d] reads it, a query row matters iff its output row has a
+    kept element, and then q[i, d] matters iff some k[j, d] is kept (and the reverse for k).
+    Reductions over bool masks, no float products (the generic path costs ~25 ms per BERT
+    layer). Returns (q kept, k kept, v kept, out kept).
+
+    Example:
+        >>> q = k = torch.ones(1, 3, 2, dtype=torch.bool)
+        >>> v = torch.tensor([[[True, False]] * 3])
+        >>> kq, kk, kv, out = attention_masks_unmasked(q, k, v, torch.ones(1, 3, 2, dtype=torch.bool))
+        >>> out[0, 0].tolist(), kv[0, :, 1].tolist()
+        ([True, False], [False, False, False])
+    """
+    out = allowed & v.any(dim=-2, keepdim=True)
+    rows = out.any(dim=-1, keepdim=True)  # query rows whose probabilities matter
+    kq = rows & k.any(dim=-2, keepdim=True)
+    kk = (q & rows).any(dim=-2, keepdim=True)
+    kv = out.any(dim=-2, keepdim=True)
+    return _fit(kq, q.shape), _fit(kk, k.shape), _fit(kv, v.shape), out
+
+
+def _fit(mask: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Broadcast `mask` against `shape`, then or-reduce the dims `shape` broadcasts over."""
+    full = torch.broadcast_shapes(mask.shape, shape)
+    return any_to(torch.broadcast_to(mask, full), shape).expand(shape)

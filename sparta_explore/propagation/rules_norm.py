@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sparta_explore.compact import both, either
 from sparta_explore.propagation.algebra import any_to, group_any
 from sparta_explore.propagation.registry import OpUpdate, OpView, Unsupported, register_rule
 from sparta_explore.tesa import TeSA
@@ -54,9 +55,9 @@ def _layer_norm(x: TeSA, dims: int, weight: TeSA | None, bias: TeSA | None, outp
     w = weight.kept if weight is not None else torch.ones(norm_shape, dtype=torch.bool)
     b = bias.kept if bias is not None else torch.zeros(norm_shape, dtype=torch.bool)
     x_any = group_any(x.kept, group)  # an all-zero group normalizes to zero, leaving only the bias
-    out = (b | (w & x_any)) & output.kept
-    x_rel = torch.broadcast_to(group_any(out & w, group), x.shape)
-    w_rel = any_to(out & x_any, norm_shape)
+    out = both(either(b, both(w, x_any)), output.kept)  # on broadcast cores: batch-invariant stays compact
+    x_rel = torch.broadcast_to(group_any(both(out, w), group), x.shape)
+    w_rel = any_to(both(out, x_any), norm_shape)
     b_rel = any_to(out, norm_shape)
     return out, x_rel, w_rel, b_rel
 

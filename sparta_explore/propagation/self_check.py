@@ -19,8 +19,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-import torch
-
+from sparta_explore.compact import both, count_true, equal
 from sparta_explore.graph import Graph
 from sparta_explore.propagation.report import PropagationReport
 from sparta_explore.propagation.verify import max_output_change
@@ -51,9 +50,9 @@ class SelfCheck:
 
 
 def _newly_pruned(before: Mapping[str, TeSA], after: Mapping[str, TeSA]) -> list[str]:
-    # torch.equal on the packed keys first: one pass without allocation for the many unchanged tensors
-    return [n for n, t in after.items() if n in before and not torch.equal(t._key, before[n]._key)
-            and bool(((t._key == 0) & (before[n]._key != 0)).any())]
+    # key equality first (on the cores of broadcast keys): cheap for the many unchanged tensors
+    return [n for n, t in after.items() if n in before and not equal(t._key, before[n]._key)
+            and count_true(both(t.pruned, before[n].kept)) > 0]
 
 
 class _Checker:

@@ -16,6 +16,7 @@ from torch import fx
 from torch.nn.utils import stateless
 from torch.utils import _pytree as pytree
 
+from sparta_explore.compact import core
 from sparta_explore.graph import Graph
 from sparta_explore.tesa import TeSA
 
@@ -24,12 +25,27 @@ class _Zeroing(fx.Interpreter):
     def __init__(self, gm: fx.GraphModule, pruned: Mapping[str, torch.Tensor]) -> None:
         super().__init__(gm)
         self.pruned = pruned
+        self.held = {t.untyped_storage().data_ptr() for t in (*gm.parameters(), *gm.buffers())}
 
     def run_node(self, n: fx.Node) -> Any:
         out = super().run_node(n)
         if n.op != "placeholder" and isinstance(out, torch.Tensor) and n.name in self.pruned:
-            out = out.masked_fill(self.pruned[n.name].expand(out.shape), 0)
+            mask = self.pruned[n.name].expand(out.shape)
+            # in place only on a fresh result: a view or an operand returned as is shares memory
+            # with values other nodes read (no new 12 MB buffer per masked BERT activation)
+            if n.op == "call_module" or out._base is not None or _shares_memory(out, n, self.env, self.held):
+                return out.masked_fill(mask, 0)
+            return out.masked_fill_(mask, 0)
         return out
+
+
+def _shares_memory(out: torch.Tensor, node: fx.Node, env: Mapping[fx.Node, Any], held: set[int]) -> bool:
+    ptr = out.untyped_storage().data_ptr()
+    if ptr in held:
+        return True
+    operands = [env[a] for a in node.all_input_nodes if a in env]
+    return any(isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == ptr
+               for t in pytree.tree_leaves(operands))
 
 
 def _random_inputs(graph: Graph, g: torch.Generator) -> list[Any]:
@@ -71,6 +87,7 @@ def max_output_change(graph: Graph, before: Mapping[str, TeSA], after: Mapping[s
     was_training = set_mode(gm, False)
     try:
         for _ in range(trials):
+            noise = _Noise(g)
             ref_params, chk_params = {}, {}
             with torch.no_grad():
                 for name, p in params.items():
@@ -79,9 +96,8 @@ def max_output_change(graph: Graph, before: Mapping[str, TeSA], after: Mapping[s
                     ref = p if was is None or not bool(was.any()) else p.masked_fill(was.expand(p.shape), 0)
                     ref_params[name], chk_params[name] = ref, ref
                     new = now if was is None else now & ~was
-                    if new is not None and bool(new.any()) and p.is_floating_point():
-                        noise = torch.randn(p.shape, generator=g).to(p.dtype) * 3
-                        chk_params[name] = torch.where(new.expand(p.shape), noise, ref)
+                    if new is not None and p.is_floating_point() and bool(new.any()):
+                        chk_params[name] = torch.where(new.expand(p.shape), noise(p), ref)
                 ref_inputs, chk_inputs = _inputs(graph, before, after, g)
                 with stateless._reparametrize_module(gm, ref_params):
                     expected = _flat_output(_Zeroing(gm, start_activations).run(*ref_inputs))
@@ -94,14 +110,30 @@ def max_output_change(graph: Graph, before: Mapping[str, TeSA], after: Mapping[s
     return worst
 
 
+class _Noise:
+    """Random values (scale 3) per shape and dtype, drawn once per trial and shared by same-shaped tensors.
+
+    Sharing keeps detection (a pruned element that matters moves the output whatever
+    random value it holds) while the 72 weights of a 12-layer BERT need 3 draws, not 72.
+    """
+
+    def __init__(self, g: torch.Generator) -> None:
+        self.g, self.drawn = g, {}
+
+    def __call__(self, like: torch.Tensor) -> torch.Tensor:
+        key = (tuple(like.shape), like.dtype)
+        if key not in self.drawn:
+            self.drawn[key] = torch.randn(like.shape, generator=self.g).to(like.dtype) * 3
+        return self.drawn[key]
+
+
 def _pruned_activations(graph: Graph, table: Mapping[str, TeSA], params: Mapping[str, Any]) -> dict:
     out = {}
     for n, t in table.items():
         if n in params or n not in graph.tensors or graph.tensors[n].kind != "activation":
             continue
-        pruned = t.pruned
-        if bool(pruned.any()):
-            out[n] = pruned
+        if t.numel and int(core(t._key).min()) == 0:  # a reduction, no full-size bool tensor for the dense ones
+            out[n] = t.pruned
     return out
 
 

@@ -1,0 +1,127 @@
+"""Broadcast-compact masks: a tensor constant along some dims is stored once and expanded (stride 0).
+
+Most attributes of a transformer's activations are the same for every sample and token: a
+batch x tokens x 3072 mask is one 3072-row repeated. Keeping such masks as stride-0
+expansions of their *core* (the tensor with those dims at size 1) makes every elementwise
+step of propagation cost the core's size instead of the full size. These helpers compute
+on cores and expand the result, so a compact input stays compact; a full input simply
+gives a full result. Values are never changed by compaction, only memory and time.
+
+Example:
+    >>> row = torch.tensor([True, False, True])
+    >>> m = row.expand(4, 3)                   # 4 identical rows, 3 bools of memory
+    >>> core(m).shape, either(m, ~row).shape   # cores computed on, results expanded
+    (torch.Size([1, 3]), torch.Size([4, 3]))
+    >>> count_true(m)
+    8
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def core(t: torch.Tensor) -> torch.Tensor:
+    """`t` with every stride-0 dim narrowed to size 1 (a view; `t` itself when nothing is expanded).
+
+    Example:
+        >>> core(torch.zeros(5).expand(2, 5)).shape
+        torch.Size([1, 5])
+    """
+    if 0 not in t.stride() or not any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
+        return t
+    return t[tuple(slice(0, 1) if st == 0 and n > 1 else slice(None) for st, n in zip(t.stride(), t.shape))]
+
+
+def spread(small: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """`small` broadcast to `shape` as a stride-0 view (no copy).
+
+    Example:
+        >>> spread(torch.ones(1, 2), (3, 2)).stride()
+        (0, 1)
+    """
+    return small.expand(tuple(shape))
+
+
+def both(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`a & b` with broadcasting, computed on the cores.
+
+    Example:
+        >>> both(torch.tensor([True, True]).expand(3, 2), torch.tensor([[True], [False], [True]])).tolist()
+        [[True, True], [False, False], [True, True]]
+    """
+    return spread(core(a) & core(b), torch.broadcast_shapes(a.shape, b.shape))
+
+
+def either(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`a | b` with broadcasting, computed on the cores.
+
+    Example:
+        >>> either(torch.tensor([True, False]).expand(2, 2), torch.tensor([False, True])).tolist()
+        [[True, True], [True, True]]
+    """
+    return spread(core(a) | core(b), torch.broadcast_shapes(a.shape, b.shape))
+
+
+def negate(a: torch.Tensor) -> torch.Tensor:
+    """`~a` on the core.
+
+    Example:
+        >>> negate(torch.tensor([True, False]).expand(2, 2)).tolist()
+        [[False, True], [False, True]]
+    """
+    return spread(~core(a), a.shape)
+
+
+def keep_where(key: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """`key` where `kept` is True, 0 elsewhere (shape of `key`; `kept` broadcasts to it).
+
+    Example:
+        >>> keep_where(torch.tensor([4, 8]), torch.tensor([True, False])).tolist()
+        [4, 0]
+    """
+    small = torch.where(core(kept), core(key), torch.zeros((), dtype=key.dtype))
+    return spread(small, torch.broadcast_shapes(key.shape, kept.shape))
+
+
+def count_true(mask: torch.Tensor) -> int:
+    """Number of True (non-zero) elements of the full tensor, counted on the core.
+
+    Example:
+        >>> count_true(torch.tensor([True, False, True]).expand(10, 3))
+        20
+    """
+    c = core(mask)
+    return int(torch.count_nonzero(c)) * (mask.numel() // c.numel()) if c.numel() else 0
+
+
+def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape and values; compares cores when both are expanded alike.
+
+    Example:
+        >>> equal(torch.ones(3).expand(2, 3), torch.ones(2, 3))
+        True
+    """
+    if a.shape != b.shape:
+        return False
+    ca, cb = core(a), core(b)
+    if ca.shape == cb.shape:
+        return torch.equal(ca, cb)
+    return torch.equal(a, b)
+
+
+def any_over(mask: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
+    """Logical or over `dims`, kept as size-1 dims; dims already of size 1 in the core cost nothing.
+
+    Example:
+        >>> any_over(torch.tensor([[True, False]]).expand(5, 2), [0]).tolist()
+        [[True, False]]
+    """
+    out = core(mask)
+    for d in sorted({d % mask.dim() for d in dims}):
+        if out.shape[d] > 1:
+            out = out.any(dim=d, keepdim=True)
+    keep = [1 if d % mask.dim() in {x % mask.dim() for x in dims} else n for d, n in enumerate(mask.shape)]
+    return spread(out, keep)

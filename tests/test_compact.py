@@ -1,0 +1,55 @@
+"""Broadcast-compact masks: every helper equals the plain torch op, and compact inputs stay compact."""
+
+import pytest
+import torch
+
+from sparta_explore.compact import any_over, both, core, count_true, either, equal, keep_where, negate
+from sparta_explore.tesa import TeSA
+
+SHAPE = (3, 4, 5)
+PATTERNS = [(1, 1, 5), (3, 1, 5), (1, 4, 1), (3, 4, 5), (1, 1, 1)]
+
+
+def _mask(pattern, seed, p=0.5):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(pattern, generator=g) < p).expand(SHAPE)
+
+
+@pytest.mark.parametrize("pa", PATTERNS)
+@pytest.mark.parametrize("pb", PATTERNS)
+def test_binary_helpers_equal_torch_ops(pa, pb):
+    a, b = _mask(pa, 1), _mask(pb, 2)
+    assert torch.equal(both(a, b), a & b) and torch.equal(either(a, b), a | b)
+    assert torch.equal(negate(a), ~a)
+    key = torch.randint(0, 9, pa, dtype=torch.uint8).expand(SHAPE)
+    assert torch.equal(keep_where(key, b), torch.where(b, key, 0))
+    assert count_true(a) == int(a.sum())
+    assert equal(a, a.contiguous()) and equal(a, b) == torch.equal(a, b)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_any_over_equals_reductions(pattern):
+    m = _mask(pattern, 3, p=0.2)
+    for dims in ([0], [1, 2], [0, 2], [-1]):
+        ref = m
+        for d in sorted(d % 3 for d in dims):
+            ref = ref.any(dim=d, keepdim=True)
+        assert torch.equal(any_over(m, dims), ref)
+
+
+def test_compact_inputs_stay_compact():
+    a, b = _mask((1, 1, 5), 4), _mask((1, 4, 1), 5)
+    assert core(both(a, b)).shape == (1, 4, 5) and both(a, b).shape == SHAPE
+    assert core(a).shape == (1, 1, 5) and core(a.contiguous()).shape == SHAPE
+
+
+def test_tesa_dense_and_merge_are_compact_with_exact_counts():
+    dense = TeSA.dense((8, 128, 3072), bits=8)
+    assert dense._key.untyped_storage().nbytes() == 1  # one stored element for 3M attributes
+    row = TeSA.from_mask(torch.tensor([1, 0, 1, 1]).expand(6, 4))
+    merged = row.merge(TeSA.dense((6, 4), bits=4))
+    assert core(merged._key).shape == (1, 4)
+    assert merged.bit_histogram() == {0: 6, 4: 18} and merged.sparsity == 0.25
+    pruned = row.prune(torch.tensor([[True], [False], [False], [False], [False], [True]]))
+    assert torch.equal(pruned.kept, row.kept.contiguous() & torch.tensor([0, 1, 1, 1, 1, 0]).bool()[:, None])
+    assert pruned.sparsity == pytest.approx(1 - 12 / 24)
