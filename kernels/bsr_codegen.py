@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sparta_explore.activations import ACTIVATIONS
+from sparta_explore.kernels.c_templates import c_fill, c_text
 from sparta_explore.kernels.panels import cut_panels, panel_rows
 
 R_MAX = 4  # output rows per register tile (default)
@@ -139,50 +141,10 @@ def _array(name: str, values: np.ndarray) -> str:
     return f"static const long {name}[] = {{{body}}};\n"
 
 
-_ACTIVATIONS = {
-    "none": "",
-    "relu": "v = vsel(v > zero, v, zero);",
-    # exact-erf GELU, 0.5 v (1 + erf(v / sqrt 2)), erf by Abramowitz-Stegun 7.1.26 (|err| < 1.5e-7)
-    "gelu": "v = 0.5f * v * (one + verf(v * 0.70710678118654752f));",
-}
+# activation name -> C statement (the one table: sparta_explore/activations.py)
+_ACTIVATIONS = {name: act.c for name, act in ACTIVATIONS.items()}
 
-_PRELUDE = r"""
-#include <stdint.h>
-#include <string.h>
-typedef float vf __attribute__((vector_size(VEC * 4), aligned(4)));
-typedef int32_t vi __attribute__((vector_size(VEC * 4), aligned(4)));
-#define LD(p) (*(const vf *)(p))
-#define ST(p, v) (*(vf *)(p) = (v))
-
-static inline vf vsel(vi mask, vf a, vf b) { return (vf)(((vi)a & mask) | ((vi)b & ~mask)); }
-
-static inline vf vexp(vf x) {
-    /* exp(x) = 2^n * exp(r), |r| <= ln2/2, degree-6 polynomial; the clamp keeps 2^n finite */
-    const vf zero = x - x, hi = zero + 88.0f, lo = zero - 88.0f;
-    x = vsel(x > hi, hi, x);
-    x = vsel(x < lo, lo, x);
-    vf fn = x * 1.44269504088896341f;
-    fn = fn + vsel(fn < zero, zero - 0.5f, zero + 0.5f);
-    vi n = __builtin_convertvector(fn, vi);
-    vf nf = __builtin_convertvector(n, vf);
-    vf r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
-    vf p = 1.9875691500e-4f * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    vi bits = (n + 127) << 23;
-    return p * (vf)bits;
-}
-
-static inline vf verf(vf x) {
-    const vf zero = x - x, one = zero + 1.0f;
-    vf sign = vsel(x < zero, -one, one);
-    vf a = x * sign;
-    vf t = one / (one + 0.3275911f * a);
-    vf y = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
-    return sign * (one - y * vexp(-a * a));
-}
-"""
+_PRELUDE = c_text("vector_prelude.c")
 
 
 def _vectors(r: int) -> int:
@@ -249,52 +211,7 @@ def _chunks(groups: Groups, n_out: int, empty: np.ndarray) -> tuple[list[int], .
     return g0, g1, n0, n1, ep
 
 
-UNPACK_TILE = """
-#if VEC == 8
-static inline void transpose8(const float *src, long src_stride, float *dst, long dst_stride) {
-    /* dst[j * dst_stride + i] = src[i * src_stride + j] for an 8 x 8 block, in registers */
-    const vi lo = {0, 8, 1, 9, 4, 12, 5, 13}, hi = {2, 10, 3, 11, 6, 14, 7, 15};
-    const vi lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
-    const vi lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
-    vf r[8];
-    for (int i = 0; i < 8; ++i) r[i] = LD(src + i * src_stride);
-    vf a0 = __builtin_shuffle(r[0], r[1], lo), a1 = __builtin_shuffle(r[0], r[1], hi);
-    vf a2 = __builtin_shuffle(r[2], r[3], lo), a3 = __builtin_shuffle(r[2], r[3], hi);
-    vf a4 = __builtin_shuffle(r[4], r[5], lo), a5 = __builtin_shuffle(r[4], r[5], hi);
-    vf a6 = __builtin_shuffle(r[6], r[7], lo), a7 = __builtin_shuffle(r[6], r[7], hi);
-    vf b0 = __builtin_shuffle(a0, a2, lo2), b1 = __builtin_shuffle(a0, a2, hi2);
-    vf b2 = __builtin_shuffle(a1, a3, lo2), b3 = __builtin_shuffle(a1, a3, hi2);
-    vf b4 = __builtin_shuffle(a4, a6, lo2), b5 = __builtin_shuffle(a4, a6, hi2);
-    vf b6 = __builtin_shuffle(a5, a7, lo2), b7 = __builtin_shuffle(a5, a7, hi2);
-    ST(dst + 0 * dst_stride, __builtin_shuffle(b0, b4, lo4)); ST(dst + 4 * dst_stride, __builtin_shuffle(b0, b4, hi4));
-    ST(dst + 1 * dst_stride, __builtin_shuffle(b1, b5, lo4)); ST(dst + 5 * dst_stride, __builtin_shuffle(b1, b5, hi4));
-    ST(dst + 2 * dst_stride, __builtin_shuffle(b2, b6, lo4)); ST(dst + 6 * dst_stride, __builtin_shuffle(b2, b6, hi4));
-    ST(dst + 3 * dst_stride, __builtin_shuffle(b3, b7, lo4)); ST(dst + 7 * dst_stride, __builtin_shuffle(b3, b7, hi4));
-}
-#endif
-
-static void unpack_tile(const float *yb, float *Y, long m0, long mt, long r0, long r1) {
-    /* Y[m0 + t][n] = yb[n][t] for rows r0..r1 */
-    long n_vec = r0;
-#if VEC == 8
-    /* 8 x 8 blocks transposed in registers: each Y row gets one 32-byte store per block.
-       Blocks of 8 t outer, rows inner: the 8 rows of Y are written left to right, whole
-       cache lines in order (rows outer left half-lines behind: 2 ms of 5 at 4096 x 3072) */
-    const long t_full = mt - mt % 8, n_full = r0 + (r1 - r0) / 8 * 8;
-    for (long t = 0; t < t_full; t += 8)
-        for (n_vec = r0; n_vec < n_full; n_vec += 8)
-            transpose8(yb + n_vec * TILE + t, TILE, Y + (m0 + t) * N_OUT + n_vec, N_OUT);
-    for (long t = t_full; t < mt; ++t)
-        for (long n = r0; n < n_full; ++n) Y[(m0 + t) * N_OUT + n] = yb[n * TILE + t];
-    n_vec = n_full;
-#endif
-    /* the remaining rows (fewer than 8, or every row when VEC != 8) */
-    for (long t = 0; t < mt; ++t) {
-        float *dst = Y + (m0 + t) * N_OUT;
-        for (long n = n_vec; n < r1; ++n) dst[n] = yb[n * TILE + t];
-    }
-}
-"""
+UNPACK_TILE = c_text("unpack_tile.c")
 
 
 def finish_tile(act: str) -> str:
@@ -308,31 +225,7 @@ def finish_tile(act: str) -> str:
 
 
 
-PACK_TILE = """
-static void pack_tile(const float *X, float *xb, long m0, long mt) {
-    /* xb[k][t] = X[m0 + t][k]; blocked over k so the written rows of xb stay in L1 */
-    for (long k0 = 0; k0 < K_IN; k0 += 64) {
-        const long k1 = k0 + 64 < K_IN ? k0 + 64 : K_IN;
-        long t = 0;
-#if VEC == 8
-        /* whole 8 x 8 blocks through registers (a scalar copy took 3 of 16 ms at 4096 x 3072 -> 768) */
-        const long k8 = k0 + (k1 - k0) / 8 * 8;
-        for (; t + 8 <= mt; t += 8) {
-            const float *src = X + (m0 + t) * K_IN;
-            for (long k = k0; k < k8; k += 8) transpose8(src + k, K_IN, xb + k * TILE + t, TILE);
-            for (long k = k8; k < k1; ++k)
-                for (long i = 0; i < 8; ++i) xb[k * TILE + t + i] = src[i * K_IN + k];
-        }
-#endif
-        for (; t < mt; ++t) {
-            const float *src = X + (m0 + t) * K_IN;
-            for (long k = k0; k < k1; ++k) xb[k * TILE + t] = src[k];
-        }
-        for (t = mt; t < TILE; ++t)
-            for (long k = k0; k < k1; ++k) xb[k * TILE + t] = 0.0f;
-    }
-}
-"""
+PACK_TILE = c_text("pack_tile_fp32.c")
 
 
 def fp32_driver(name: str, body: str) -> str:
@@ -343,55 +236,15 @@ def fp32_driver(name: str, body: str) -> str:
     chunks per item (one pack per tile); small M packs every tile once into a shared buffer
     and splits the chunks over threads.
     """
-    return f"""void {name}(const float *X, float *Y, long M, const float *W, const float *bias) {{
-    const long tiles = (M + TILE - 1) / TILE;
-    const long split = tiles >= 4 * omp_get_max_threads() ? 1 : N_CHUNKS;  /* chunk runs per tile */
-    /* small M: every tile is packed once into a shared buffer, then chunks split over threads */
-    float *shared = split == 1 ? NULL : aligned_alloc(64, sizeof(float) * K_IN * TILE * tiles);
-    #pragma omp parallel
-    {{
-        float *xb = split == 1 ? aligned_alloc(64, sizeof(float) * K_IN * TILE) : NULL;
-        float *yb = aligned_alloc(64, sizeof(float) * N_OUT * TILE);
-        const vf zero = {{0}}; const vf one = zero + 1.0f; (void)one;
-        if (split != 1) {{
-            #pragma omp for schedule(static)
-            for (long i = 0; i < tiles; ++i) {{
-                const long m0 = i * TILE;
-                pack_tile(X, shared + i * K_IN * TILE, m0, M - m0 < TILE ? M - m0 : TILE);
-            }}
-        }}
-        #pragma omp for schedule(static)
-        for (long item = 0; item < tiles * split; ++item) {{
-            const long tile = item / split, m0 = tile * TILE;
-            const long c0 = split == 1 ? 0 : item % split, c1 = split == 1 ? N_CHUNKS : c0 + 1;
-            const long mt = M - m0 < TILE ? M - m0 : TILE;
-            if (split == 1) pack_tile(X, xb, m0, mt);
-            const float *xt = split == 1 ? xb : shared + tile * K_IN * TILE;
-{body}        }}
-        free(xb);
-        free(yb);
-    }}
-    free(shared);
-}}
-"""
+    return c_fill("fp32_driver.c", name=name, body=body)
 
 
 def fp32_source(vec: int, cfg: TileConfig, n_in: int, n_out: int, n_chunks: int, specialized: str, driver: str,
                 defines: str = "") -> str:
     """A whole fp32 kernel source: shape macros, prelude, the pattern's tables and tiles, pack/unpack, driver."""
-    return f"""#define VEC {vec}
-#define TILE ({cfg.tile_vectors} * VEC)
-#define K_IN {n_in}L
-#define N_OUT {n_out}L
-#define N_CHUNKS {n_chunks}L
-{defines}#include <stdlib.h>
-#include <omp.h>
-{_PRELUDE}
-static inline float bias_of(const float *bias, long n) {{ return bias ? bias[n] : 0.0f; }}
-{specialized}
-{UNPACK_TILE}
-{PACK_TILE}
-{driver}"""
+    return c_fill("fp32_kernel.c", vec=vec, tile_vectors=cfg.tile_vectors, n_in=n_in, n_out=n_out, n_chunks=n_chunks,
+                  defines=defines, prelude=_PRELUDE, specialized=specialized, unpack=UNPACK_TILE, pack=PACK_TILE,
+                  driver=driver)
 
 
 def pattern_tables(groups: Groups, n_out: int, act: str) -> tuple[str, list[int]]:

@@ -35,6 +35,7 @@ from sparta_explore.kernels.bsr_codegen import (
     plan_groups,
     segment_blocks,
 )
+from sparta_explore.kernels.c_templates import c_fill, c_text
 from sparta_explore.kernels.lowbit_codegen import ROWS, U8_PACK, VECTORS, accumulate_steps, u8_tile
 from sparta_explore.kernels.vnni_codegen import DotMode, vnni_prelude, vnni_tile
 
@@ -131,73 +132,9 @@ static inline void qtile{r}(const int16_t *xq, const float *sx, float *yb, long 
 """
 
 
-ROW_SCALE = r"""
-static float row_scale(const float *src) {
-    __m256 m = _mm256_setzero_ps();
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    long k = 0;
-    for (; k + 8 <= K_IN; k += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(src + k)));
-    float lanes[8], amax = 0.0f;
-    _mm256_storeu_ps(lanes, m);
-    for (int i = 0; i < 8; ++i) amax = lanes[i] > amax ? lanes[i] : amax;
-    for (; k < K_IN; ++k) { const float a = fabsf(src[k]); amax = a > amax ? a : amax; }
-    return amax > 0.0f ? amax / QMAX : 1.0f;
-}
+ROW_SCALE = c_text("row_scale.c")
 
-#define EVEN (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)  /* round half to even, as nearbyintf */
-"""
-
-I16_PACK = r"""
-static void quantize_row(const float *src, int16_t *xq, float *sx, long t, long k_from) {
-    /* row t from k_from on, scalar; sx[t] already holds the row's scale */
-    const float scale = sx[t];
-    for (long k = k_from; k < K_IN; ++k) {
-        float q = nearbyintf(src[k] / scale);
-        q = q > QMAX ? QMAX : (q < -QMAX ? -QMAX : q);
-        xq[((k / 2) * TILE + t) * 2 + (k & 1)] = (int16_t)q;
-    }
-    if (K_PAD > K_IN) xq[((K_IN / 2) * TILE + t) * 2 + 1] = 0;
-}
-
-static void pack_tile(const float *X, int16_t *xq, float *sx, long m0, long mt) {
-    /* per row: scale = max|x| / QMAX, q = round-half-even(x / scale); k pairs interleaved.
-       8 rows x 16 k at a time: divide, round and clamp in vectors, pack to int16 pairs and
-       transpose 8 x 8 pairs into place (the scalar loop took 9 of 12 ms at 4096 x 3072) */
-    int32_t *xq32 = (int32_t *)xq;
-    const long k16 = K_IN - K_IN % 16;
-    const __m256 hi = _mm256_set1_ps(QMAX), lo = _mm256_set1_ps(-QMAX);
-    long t = 0;
-    for (; t + 8 <= mt; t += 8) {
-        const float *src = X + (m0 + t) * K_IN;
-        __m256 s[8];
-        for (int i = 0; i < 8; ++i) { sx[t + i] = row_scale(src + i * K_IN); s[i] = _mm256_set1_ps(sx[t + i]); }
-        for (long k = 0; k < k16; k += 16) {
-            int32_t pairs[8][8] __attribute__((aligned(32)));
-            for (int i = 0; i < 8; ++i) {
-                const float *row = src + i * K_IN + k;
-                __m256 qa = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(row), s[i]), EVEN);
-                __m256 qb = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(row + 8), s[i]), EVEN);
-                qa = _mm256_min_ps(_mm256_max_ps(qa, lo), hi);
-                qb = _mm256_min_ps(_mm256_max_ps(qb, lo), hi);
-                const __m256i packed = _mm256_packs_epi32(_mm256_cvtps_epi32(qa), _mm256_cvtps_epi32(qb));
-                _mm256_store_si256((__m256i *)pairs[i], _mm256_permute4x64_epi64(packed, 0xD8));
-            }
-            transpose8((const float *)pairs, 8, (float *)(xq32 + (k / 2) * TILE + t), TILE);
-        }
-        for (int i = 0; i < 8; ++i) quantize_row(src + i * K_IN, xq, sx, t + i, k16);
-    }
-    for (; t < TILE; ++t) {
-        if (t >= mt) {
-            sx[t] = 0.0f;
-            for (long k = 0; k < K_PAD; ++k) xq[((k / 2) * TILE + t) * 2 + (k & 1)] = 0;
-            continue;
-        }
-        const float *src = X + (m0 + t) * K_IN;
-        sx[t] = row_scale(src);
-        quantize_row(src, xq, sx, t, 0);
-    }
-}
-"""
+I16_PACK = c_text("pack_tile_int16.c")
 
 
 U8_COST = 0.75  # time per padded product of the u8 variant over the int16 one (BERT FFN shapes, Zen 3)
@@ -274,61 +211,6 @@ def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: 
                                           for j in range(tile_rows // m)) + " break;"
         for r, m in rows_per_call.items())
     k_pad = -(-n_in // k_group) * k_group
-    return f"""#define VEC 8
-#define QMAX {level}
-#define TILE {tile_rows}
-#define K_IN {n_in}L
-#define K_PAD {k_pad}L
-#define N_OUT {n_out}L
-#define N_CHUNKS {n_chunks}L
-#include <stdlib.h>
-#include <stdint.h>
-#include <math.h>
-#include <omp.h>
-#include <immintrin.h>
-{_PRELUDE}{extra}
-static inline float bias_of(const float *bias, long n) {{ return bias ? bias[n] : 0.0f; }}
-{tables}{tiles}
-{UNPACK_TILE}
-{ROW_SCALE}
-{pack}
-void {name}(const float *X, float *Y, long M, const int32_t *W, const int32_t *corr, const float *ws,
-            const float *bias) {{
-    const long tiles = (M + TILE - 1) / TILE;
-    const long split = tiles >= 4 * omp_get_max_threads() ? 1 : N_CHUNKS;
-    {elem} *sq = split == 1 ? NULL : aligned_alloc(64, sizeof({elem}) * K_PAD * TILE * tiles);
-    float *ss = split == 1 ? NULL : aligned_alloc(64, sizeof(float) * TILE * tiles);
-    #pragma omp parallel
-    {{
-        {elem} *xb = split == 1 ? aligned_alloc(64, sizeof({elem}) * K_PAD * TILE) : NULL;
-        float *sb = split == 1 ? aligned_alloc(64, sizeof(float) * TILE) : NULL;
-        float *yb = aligned_alloc(64, sizeof(float) * N_OUT * TILE);
-        const vf zero = {{0}}; const vf one = zero + 1.0f; (void)one;
-        if (split != 1) {{
-            #pragma omp for schedule(static)
-            for (long i = 0; i < tiles; ++i)
-                pack_tile(X, sq + i * K_PAD * TILE, ss + i * TILE, i * TILE, M - i * TILE < TILE ? M - i * TILE : TILE);
-        }}
-        #pragma omp for schedule(static)
-        for (long item = 0; item < tiles * split; ++item) {{
-            const long tile = item / split, m0 = tile * TILE;
-            const long c0 = split == 1 ? 0 : item % split, c1 = split == 1 ? N_CHUNKS : c0 + 1;
-            const long mt = M - m0 < TILE ? M - m0 : TILE;
-            if (split == 1) pack_tile(X, xb, sb, m0, mt);
-            const {elem} *xq = split == 1 ? xb : sq + tile * K_PAD * TILE;
-            const float *sx = split == 1 ? sb : ss + tile * TILE;
-            for (long g = C_G0[c0]; g < C_G1[c1 - 1]; ++g) {{
-                switch (G_ROWS[g]) {{
-{dispatch}
-                }}
-            }}
-{finish_tile(act)}
-        }}
-        free(xb);
-        free(sb);
-        free(yb);
-    }}
-    free(sq);
-    free(ss);
-}}
-"""
+    return c_fill("int8_kernel.c", level=level, tile_rows=tile_rows, n_in=n_in, k_pad=k_pad, n_out=n_out,
+                  n_chunks=n_chunks, prelude=_PRELUDE, extra=extra, tables=tables, tiles=tiles, unpack=UNPACK_TILE,
+                  row_scale=ROW_SCALE, pack=pack, name=name, elem=elem, dispatch=dispatch, finish=finish_tile(act))

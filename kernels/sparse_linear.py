@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from sparta_explore.activations import ACTIVATIONS
 from sparta_explore.fake_quant import qmax, quantized_linear
 from sparta_explore.kernels import output_pool
 from sparta_explore.kernels.bsr_codegen import TileConfig, V, generate_source, pack_weights, plan_groups
@@ -25,7 +26,7 @@ from sparta_explore.kernels.lowbit_codegen import offset_correction, pack_quads
 from sparta_explore.kernels.segment_codegen import generate_segment_source, pack_segment_weights, plan_segments
 from sparta_explore.kernels.vnni_codegen import DotMode, dot_mode, native_dot_mode
 
-_ACT = {"none": lambda y: y, "relu": F.relu, "gelu": F.gelu}
+_ACT = {name: act.torch_fn for name, act in ACTIVATIONS.items()}  # the one table: sparta_explore/activations.py
 
 
 def check_linear_args(weight: torch.Tensor, kept: torch.Tensor, activation: str) -> None:

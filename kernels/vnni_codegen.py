@@ -26,6 +26,7 @@ from collections.abc import Set
 from dataclasses import dataclass
 
 from sparta_explore.kernels.bsr_codegen import _ACTIVATIONS
+from sparta_explore.kernels.c_templates import c_fill
 
 
 @dataclass(frozen=True)
@@ -84,43 +85,13 @@ def dot_mode(name: str) -> DotMode:
 
 def _native_prelude(mode: DotMode) -> str:
     if mode.lanes == 16:
-        return f"""
-typedef __m512i VI;
-#define VZERO() _mm512_setzero_si512()
-#define VLOAD(p) _mm512_loadu_si512((const void *)(p))
-#define VBCAST(w) _mm512_set1_epi32(w)
-static inline VI vdot(VI a, VI x, VI w) {{ return {mode.intrinsic}; }}
-static inline vi vhalf(VI a, int h) {{ return (vi)(h ? _mm512_extracti64x4_epi64(a, 1) : _mm512_castsi512_si256(a)); }}
-"""
-    return f"""
-typedef __m256i VI;
-#define VZERO() _mm256_setzero_si256()
-#define VLOAD(p) _mm256_loadu_si256((const __m256i *)(p))
-#define VBCAST(w) _mm256_set1_epi32(w)
-static inline VI vdot(VI a, VI x, VI w) {{ return {mode.intrinsic}; }}
-static inline vi vhalf(VI a, int h) {{ (void)h; return (vi)a; }}
-"""
+        return c_fill("vnni_512.c", intrinsic=mode.intrinsic)
+    return c_fill("vnni_256.c", intrinsic=mode.intrinsic)
 
 
 def _emulated_prelude(lanes: int) -> str:
     # exact vpdpbusd in portable C: per int32 lane, 4 u8 x s8 products added in int32
-    return f"""
-typedef int32_t VI __attribute__((vector_size({4 * lanes})));
-typedef uint8_t VU8 __attribute__((vector_size({4 * lanes})));
-typedef int8_t VS8 __attribute__((vector_size({4 * lanes})));
-#define VZERO() ((VI){{0}})
-static inline VI vload_(const void *p) {{ VI v; memcpy(&v, p, sizeof v); return v; }}
-#define VLOAD(p) vload_(p)
-#define VBCAST(w) (((VI){{0}}) + (int32_t)(w))
-static inline VI vdot(VI a, VI x, VI w) {{
-    const VU8 xb = (VU8)x;
-    const VS8 wb = (VS8)w;
-    for (int i = 0; i < {lanes}; ++i)
-        for (int j = 0; j < 4; ++j) a[i] += (int32_t)xb[4 * i + j] * (int32_t)wb[4 * i + j];
-    return a;
-}}
-static inline vi vhalf(VI a, int h) {{ vi r; memcpy(&r, (const int32_t *)&a + 8 * h, sizeof r); return r; }}
-"""
+    return c_fill("vnni_emulated.c", bytes=4 * lanes, lanes=lanes)
 
 
 def vnni_prelude(mode: DotMode, emulate: bool) -> str:

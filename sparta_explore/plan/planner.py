@@ -15,11 +15,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-import torch
 import torch.fx as fx
-import torch.nn.functional as F
 from torch import nn
 
+from sparta_explore.activations import ACTIVATIONS
 from sparta_explore.device import DeviceProfile
 from sparta_explore.graph import Graph
 from sparta_explore.plan.bit_rounding import MIN_GRID_BITS, floor_bits
@@ -29,8 +28,7 @@ from sparta_explore.plan.sites import input_bits, weight_sites
 from sparta_explore.tesa import TeSA
 
 # Elementwise ops a kernel can fuse after a linear: fx target -> kernel activation name.
-FUSABLE: dict[object, str] = {nn.ReLU: "relu", F.relu: "relu", torch.relu: "relu", "relu": "relu",
-                              nn.GELU: "gelu", F.gelu: "gelu"}
+FUSABLE: dict[object, str] = {t: act.name for act in ACTIVATIONS.values() for t in act.fx_targets}
 
 
 def _fusable(graph: Graph, node: fx.Node) -> tuple[str, str | None]:

@@ -1,0 +1,13 @@
+#define VEC ${vec}
+#define TILE (${tile_vectors} * VEC)
+#define K_IN ${n_in}L
+#define N_OUT ${n_out}L
+#define N_CHUNKS ${n_chunks}L
+${defines}#include <stdlib.h>
+#include <omp.h>
+${prelude}
+static inline float bias_of(const float *bias, long n) { return bias ? bias[n] : 0.0f; }
+${specialized}
+${unpack}
+${pack}
+${driver}
