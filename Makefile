@@ -6,8 +6,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.sparta-installed
+# DeepSparse lives in its own venv (never a project dependency): `make bench-peers` only.
+PEERS := .venv-peers
+PEERS_BIN := $(PEERS)/bin
+PEERS_STAMP := $(PEERS)/.peers-installed
 
-.PHONY: demo test test-slow lint clean
+.PHONY: demo test test-slow lint clean bench-peers
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +27,17 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
+
+# torch comes from the local CPU wheel (--find-links /opt/wheels, pinned), so pip never pulls a CUDA build.
+$(PEERS_STAMP):
+	$(PYTHON) -m venv $(PEERS)
+	$(PEERS_BIN)/pip install --quiet --find-links /opt/wheels deepsparse==1.8.0 torch==2.13.0 numpy==1.26.4 \
+		"ml_dtypes<0.6" onnx
+	touch $(PEERS_STAMP)
+
+# Ours vs DeepSparse 1.8.0 on the same shapes and masks, in one run: `make bench-peers ARGS=--quick`.
+bench-peers: $(STAMP) $(PEERS_STAMP)
+	$(BIN)/python benchmarks/peers.py --peer-python $(PEERS_BIN)/python $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -34,6 +34,7 @@ from sparta_explore.kernels.bsr_codegen import (
     pattern_tables,
     plan_groups,
     segment_blocks,
+    unit_segments,
 )
 from sparta_explore.kernels.c_templates import c_fill, c_text
 from sparta_explore.kernels.lowbit_codegen import ROWS, U8_PACK, VECTORS, accumulate_steps, u8_tile
@@ -145,6 +146,30 @@ def _work(groups: Groups) -> int:
     return int((groups.seg_len * groups.rows[owner]).sum()) if len(owner) else 0
 
 
+# Cost of one packed word's loop step (address, weight broadcast, loads), in padded products of
+# one row: on scattered patterns the kernels are bound by steps, not products (Zen 5, 3072 x 768,
+# M = 4096, 90% unstructured: 65 quads per row ran in 18.0 ms, 73 pairs in 20.1 ms although the
+# quads hold 1.8x the padded products).
+STEP_COST = 4.0
+def tile_rows_for(variant: str, dot: DotMode | None) -> int:
+    """Rows of M per work item: 48, or what one VNNI tile covers when that is more (a multiple of 48).
+
+    Example:
+        >>> tile_rows_for("int16", None)
+        48
+    """
+    base = 2 * V * 8
+    if variant != "vnni" or dot is None:
+        return base
+    widest = max(dot.vectors_for(1), dot.vectors) * dot.lanes
+    return -(-widest // base) * base
+
+
+def _score(groups: Groups, unit: int, cost: float) -> float:
+    """Predicted time: padded products x the variant's cost, plus loop steps (words per group)."""
+    return _work(groups) * cost + STEP_COST * int(groups.seg_len.sum()) / unit
+
+
 def prepare_groups(kept: np.ndarray, block_rows: int, weight_bits: int, act_bits: int,
                    dot: DotMode | None = None) -> tuple[Groups, str]:
     """Row groups aligned to the packed words of the fastest variant, and its name.
@@ -158,16 +183,27 @@ def prepare_groups(kept: np.ndarray, block_rows: int, weight_bits: int, act_bits
         >>> prepare_groups(np.ones((8, 64), dtype=bool), 8, weight_bits=4, act_bits=8)[1]
         'u8'
     """
-    pairs = align_segments(plan_groups(kept, block_rows, R_MAX), 2)
+    pairs = unit_segments(align_segments(plan_groups(kept, block_rows, R_MAX), 2), 2)
     if dot is not None:
-        quads, cost, variant = align_segments(plan_groups(kept, block_rows, dot.rows), 4), dot.cost, "vnni"
+        rows, cost, variant = dot.rows, dot.cost, "vnni"
     elif accumulate_steps(weight_bits, act_bits) >= 2:
-        quads, cost, variant = align_segments(plan_groups(kept, block_rows, ROWS), 4), U8_COST, "u8"
+        rows, cost, variant = ROWS, U8_COST, "u8"
     else:
         return pairs, "int16"
-    if _work(quads) * cost < _work(pairs):
+    quads = unit_segments(align_segments(plan_groups(kept, block_rows, rows), 4), 4)
+    if _score(quads, 4, cost) < _score(pairs, 2, 1.0):
         return quads, variant
     return pairs, "int16"
+
+
+def scattered(groups: Groups, unit: int) -> bool:
+    """True when most loop steps are single words (unstructured-like): wide one-row tiles pay there.
+
+    Example:
+        >>> scattered(unit_segments(align_segments(plan_groups(np.eye(8, dtype=bool), 1), 4), 4), 4)
+        True
+    """
+    return len(groups.seg_len) > 0 and float((groups.seg_len == unit).mean()) > 0.8
 
 
 def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: str, act_bits: int = 8,
@@ -198,14 +234,14 @@ def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: 
         elem, k_group, pack = "uint8_t", 4, U8_PACK
         extra = vnni_prelude(dot, emulate)
         tiles = "".join(vnni_tile(r, act, dot) for r in range(1, dot.rows + 1))
-        rows_per_call = {r: dot.vectors * dot.lanes for r in range(1, dot.rows + 1)}
+        rows_per_call = {r: dot.vectors_for(r) * dot.lanes for r in range(1, dot.rows + 1)}
     elif variant == "int16":
         elem, k_group, pack = "int16_t", 2, I16_PACK
         tiles = "".join(_tile(r, act) for r in range(1, R_MAX + 1))
         rows_per_call = {r: _vectors(r) * 8 for r in range(1, R_MAX + 1)}
     else:
         raise ValueError(f"unknown int8 kernel variant {variant!r}")
-    tile_rows = 2 * V * 8
+    tile_rows = tile_rows_for(variant, dot)
     dispatch = "\n".join(
         f"                case {r}: " + " ".join(f"qtile{r}(xq, sx, yb, {j * m}, g, W, corr, ws, bias);"
                                           for j in range(tile_rows // m)) + " break;"

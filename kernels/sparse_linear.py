@@ -18,13 +18,26 @@ import torch.nn.functional as F
 from sparta_explore.activations import ACTIVATIONS
 from sparta_explore.fake_quant import qmax, quantized_linear
 from sparta_explore.kernels import output_pool
-from sparta_explore.kernels.bsr_codegen import TileConfig, V, generate_source, pack_weights, plan_groups
+from sparta_explore.kernels.bsr_codegen import (
+    TileConfig,
+    generate_source,
+    pack_weights,
+    plan_groups,
+    unit_segments,
+)
 from sparta_explore.kernels.build import BuiltLibrary, KernelBuildError, build, cpu_flags, load_library, vector_width
 from sparta_explore.kernels.compiled_op import CompiledOp
-from sparta_explore.kernels.int8_codegen import generate_int8_source, pack_pairs, prepare_groups, quantize_rows
+from sparta_explore.kernels.int8_codegen import (
+    generate_int8_source,
+    pack_pairs,
+    prepare_groups,
+    quantize_rows,
+    scattered,
+    tile_rows_for,
+)
 from sparta_explore.kernels.lowbit_codegen import offset_correction, pack_quads
 from sparta_explore.kernels.segment_codegen import generate_segment_source, pack_segment_weights, plan_segments
-from sparta_explore.kernels.vnni_codegen import DotMode, dot_mode, native_dot_mode
+from sparta_explore.kernels.vnni_codegen import DotMode, dot_mode, for_scattered, native_dot_mode
 
 _ACT = {name: act.torch_fn for name, act in ACTIVATIONS.items()}  # the one table: sparta_explore/activations.py
 
@@ -39,7 +52,7 @@ def check_linear_args(weight: torch.Tensor, kept: torch.Tensor, activation: str)
 
 def _rows_layout(weight: np.ndarray, kept: np.ndarray, block_rows: int, cfg: TileConfig, vec: int, act: str,
                  name: str) -> tuple[str, np.ndarray]:
-    groups = plan_groups(kept, block_rows, cfg.rows)
+    groups = unit_segments(plan_groups(kept, block_rows, cfg.rows), 1)  # scattered rows: a predictable loop
     source = generate_source(groups, kept.shape[0], kept.shape[1], vec, act, name, cfg)
     return source, pack_weights(weight, kept, groups)
 
@@ -249,10 +262,12 @@ class Int8SparseLinear(KernelLinear):
         if "avx2" not in cpu_flags():
             raise ValueError("int8 kernels need AVX2")
         groups, variant = prepare_groups(kept, block_rows, self.weight_bits, self.act_bits, self.dot)
+        if variant == "vnni" and self.dot is not None and scattered(groups, 4):
+            self.dot = for_scattered(self.dot)
         wq, scale = quantize_rows(self.weight.numpy(), kept, self.weight_bits)
         self.register_buffer("weight_q", torch.from_numpy(wq))
         self.register_buffer("weight_scale", torch.from_numpy(scale))
-        self._tile = 2 * V * 8
+        self._tile = tile_rows_for(variant, self.dot)
         name = "sparse_linear_int8"
         source = generate_int8_source(groups, self.out_features, self.in_features, self.activation, name,
                                       self.act_bits, self.weight_bits, variant, self.dot, self.emulate_dot)

@@ -34,6 +34,23 @@ def test_emulated_vnni_kernels_match_the_quantized_reference(tmp_path, mode, blo
 
 @needs_avx2
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape", [(70, 45), (13, 300), (40, 768)])
+def test_scattered_patterns_run_wide_one_row_tiles_exactly(tmp_path, monkeypatch, mode, shape):
+    # unstructured rows step one quad at a time; their one-row tiles cover twice the M (bigger work item)
+    from dataclasses import replace
+
+    monkeypatch.setitem(DOT_MODES, mode, replace(DOT_MODES[mode], cost=0.01))  # quads even where pairs win
+    n, k = shape
+    layer = Int8SparseLinear(torch.randn(n, k), torch.randn(n), block_mask(n, k, (1, 1), 0.08), block_rows=1,
+                             dot=mode, emulate_dot=True, cache_dir=tmp_path)
+    assert layer.variant == "vnni" and layer.fallback_reason is None
+    assert layer.dot.vectors_for(1) == max(DOT_MODES[mode].vectors_for(1), 2 * DOT_MODES[mode].vectors)
+    for m in (1, 95, 97, 500):  # around one and two wide tiles
+        check(layer, m, k)
+
+
+@needs_avx2
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("act", ["relu", "gelu"])
 @pytest.mark.parametrize("weight_bits,act_bits", [(8, 8), (4, 8), (8, 4)])
 def test_emulated_vnni_with_activations_and_narrow_grids(tmp_path, mode, act, weight_bits, act_bits):
@@ -110,8 +127,32 @@ def test_emulated_source_has_no_vnni_instruction_and_native_source_has_it(mode):
     assert "dpbusd" in native and "dpbusd" not in emulated
 
 
-def test_scattered_patterns_keep_int16_pairs_where_quads_would_pad():
+def test_quads_are_chosen_unless_pairs_fit_the_pattern_exactly():
     dot = dot_mode("avx512_vnni")
-    scattered = block_mask(64, 256, (1, 1), 0.05).numpy()  # quads hold ~1 kept weight in 4
-    assert prepare_groups(scattered, 1, 8, 8, dot)[1] == "int16"
+    pairs_exact = np.zeros((64, 256), dtype=bool)
+    pairs_exact[:, 0::8] = pairs_exact[:, 1::8] = True  # pairs hold no padding, quads hold 2 zeros in 4
+    assert prepare_groups(pairs_exact, 1, 8, 8, dot)[1] == "int16"
+    # unstructured: quads pad more products, but the kernels are bound by loop steps (measured faster)
+    assert prepare_groups(block_mask(64, 256, (1, 1), 0.1).numpy(), 1, 8, 8, dot)[1] == "vnni"
     assert prepare_groups(block_mask(64, 256, (32, 32), 0.3).numpy(), 32, 8, 8, dot)[1] == "vnni"
+
+
+@pytest.mark.parametrize("pattern", [(1, 1), (1, 32), (32, 32)])
+def test_unit_segments_keep_every_k_and_split_only_short_segments(pattern):
+    from sparta_explore.kernels.bsr_codegen import plan_groups
+    from sparta_explore.kernels.int8_codegen import align_segments, unit_segments
+
+    kept = block_mask(48, 200, pattern, 0.05 if pattern == (1, 1) else 0.2).numpy()
+    aligned = align_segments(plan_groups(kept, pattern[0], 6), 4)
+    split = unit_segments(aligned, 4)
+    def covered(groups, g):
+        a, b = int(groups.seg_ptr[g]), int(groups.seg_ptr[g + 1])
+        return sorted(k for s in range(a, b) for k in range(groups.seg_k0[s], groups.seg_k0[s] + groups.seg_len[s]))
+
+    for g in range(len(aligned.row0)):
+        assert covered(split, g) == covered(aligned, g)
+    assert np.array_equal(split.w_off, aligned.w_off)
+    if pattern == (1, 1):
+        assert (split.seg_len == 4).mean() > 0.9 and len(split.seg_len) > len(aligned.seg_len)  # one quad per step
+    else:
+        assert split.seg_len.max() >= 32  # block runs keep their tight loop

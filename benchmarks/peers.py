@@ -1,0 +1,308 @@
+"""Our sparse kernels vs Neural Magic's DeepSparse 1.8.0 on the same shapes and masks, measured in one run.
+
+Cases (90% sparsity): BERT FFN linears 768->3072 and 3072->768 at M = 4096 and 128 tokens,
+patterns 32x32 blocks, 1x32 blocks and unstructured, fp32 and int8; plus the FFN block
+768->3072->GELU->768 (unstructured on both linears, M = 4096, fp32 and int8) that ours runs
+through `sparta_explore.compile`. `--quick`: 768->3072 at M = 4096 (every pattern, both
+precisions) and the FFN block in fp32.
+
+Ours is measured first (in this venv, `--threads` threads): fp32 `SparseLinear` (tile search),
+int8 `Int8SparseLinear` (activations quantized per row at run time, weights per output row),
+the FFN block compiled from a pruning table (+ an 8-bit quantizer table for int8). Then the
+masked weights, biases and inputs go to a temp dir and `peers_deepsparse_worker.py` runs under
+`--peer-python` (the DeepSparse venv, .venv-peers: DeepSparse is never a project dependency):
+ONNX export of the same module, `deepsparse.Engine(batch_size=M, num_cores=--threads)`; int8
+there is a static per-tensor uint8 activation scale calibrated on the very input, int8 weights
+per output row (MatMulInteger graph). Every time is a median of `--repeats` calls after a warm-up.
+
+Printed: a header (CPU model, the flags that matter, threads, torch and deepsparse versions),
+then one row per case: ours_ms, ds_ms, ds/ours (> 1: ours is faster), ours_err and ds_err
+(max |y - y_ref| / max |y_ref| against the masked fp32 torch module; int8 rows include the
+quantization error) and notes (our kernel path; DeepSparse's share of supported ops, its error
+against the same quantization simulated in torch, any failure). If DeepSparse cannot run (no
+peer venv, import error, crash, unsupported CPU) one line says why, ours is still printed,
+the DeepSparse columns read nan, and the exit code stays 0.
+
+    make bench-peers ARGS=--quick                      # creates .venv-peers first
+    .venv/bin/python benchmarks/peers.py [--quick] [--repeats 5] [--peer-python .venv-peers/bin/python]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import tempfile
+import warnings
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import sparta_explore as se
+from kernels import medians, pattern_mask  # benchmarks/kernels.py: this script's folder is on sys.path
+from sparta_explore.compile import compile
+from sparta_explore.compile_config import CompileConfig
+from sparta_explore.kernels import Int8SparseLinear, SparseLinear, cpu_flags
+from sparta_explore.pruners import masks_to_table
+from sparta_explore.quantizers import quantize
+from sparta_explore.quantizers.uniform import UniformQuantConfig
+
+HERE = Path(__file__).resolve().parent
+WORKER = HERE / "peers_deepsparse_worker.py"
+FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16")
+SPARSITY = 0.9
+PATTERNS = ("32x32", "1x32", "unstructured")
+PEER_TIMEOUT_S = 3600
+
+
+@dataclass
+class Case:
+    """One row: a linear (k -> n) or the FFN block (k -> n -> k), M tokens, a pattern and a precision."""
+
+    kind: str
+    k: int
+    n: int
+    m: int
+    pattern: str
+    prec: str
+    ours_ms: float = math.nan
+    ours_err: float = math.nan
+    notes: list[str] = field(default_factory=list)
+    ds: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return f"{self.kind}_{self.k}x{self.n}_m{self.m}_{self.pattern}_{self.prec}"
+
+    @property
+    def data_name(self) -> str:
+        """The saved weights and input: shared by the fp32 and int8 rows of the same shape and mask."""
+        return f"{self.kind}_{self.k}x{self.n}_m{self.m}_{self.pattern}.npz"
+
+    @property
+    def shape(self) -> str:
+        return f"{self.k}->{self.n}" + (f"->{self.k}" if self.kind == "ffn" else "")
+
+
+def cases(quick: bool) -> list[Case]:
+    shapes = [(768, 3072)] if quick else [(768, 3072), (3072, 768)]
+    tokens = (4096,) if quick else (4096, 128)
+    out = [Case("linear", k, n, m, p, prec) for k, n in shapes for m in tokens for p in PATTERNS
+           for prec in ("fp32", "int8")]
+    return out + [Case("ffn", 768, 3072, 4096, "unstructured", prec) for prec in (("fp32",) if quick else
+                                                                                  ("fp32", "int8"))]
+
+
+def seeded(*parts: object) -> torch.Generator:
+    """A generator whose seed depends only on `parts`: the same weights and masks in --quick and full runs."""
+    return torch.Generator().manual_seed(zlib.crc32(repr(parts).encode()))
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
+
+
+def linear_data(case: Case) -> tuple[dict[str, torch.Tensor], torch.Tensor, int]:
+    """Weight, bias, input, mask (and its block rows) of a linear case."""
+    g = seeded(case.k, case.n)
+    w, b = torch.randn(case.n, case.k, generator=g), torch.randn(case.n, generator=g)
+    x = torch.randn(case.m, case.k, generator=seeded("x", case.k, case.m))
+    kept, rows = pattern_mask(case.n, case.k, case.pattern, SPARSITY, seeded(case.k, case.n, case.pattern))
+    return {"w": w, "b": b, "x": x}, kept, rows
+
+
+def run_linear(case: Case, repeats: int) -> dict[str, np.ndarray]:
+    data, kept, rows = linear_data(case)
+    w, b, x = data["w"], data["b"], data["x"]
+    masked = w * kept
+    with torch.no_grad():
+        if case.prec == "fp32":
+            ours = SparseLinear(w, b, kept, block_rows=rows, tile="auto", expected_m=case.m)
+            case.notes.append("fallback: " + str(ours.fallback_reason) if ours.fallback_reason else "sparse fp32")
+        else:
+            ours = Int8SparseLinear(w, b, kept, block_rows=rows)
+            case.notes.append(f"{ours.variant} ({ours.dot_path})")
+        case.ours_err = rel_err(ours(x), F.linear(x, masked, b))
+        case.ours_ms = medians([lambda: ours(x)], repeats)[0] * 1e3
+    return {"w": masked.numpy(), "b": b.numpy(), "x": x.numpy()}
+
+
+def ffn_model(case: Case) -> tuple[nn.Sequential, dict[str, torch.Tensor], torch.Tensor]:
+    g = seeded("ffn", case.k, case.n)
+    model = nn.Sequential(nn.Linear(case.k, case.n), nn.GELU(), nn.Linear(case.n, case.k)).eval()
+    masks = {}
+    with torch.no_grad():
+        for name in ("0", "2"):
+            lin = model.get_submodule(name)
+            lin.weight.copy_(torch.randn(lin.weight.shape, generator=g) / math.sqrt(lin.in_features))
+            lin.bias.copy_(torch.randn(lin.bias.shape, generator=g) * 0.1)
+            masks[name] = pattern_mask(lin.out_features, lin.in_features, case.pattern, SPARSITY,
+                                       seeded("ffn", name, case.pattern))[0]
+    return model, masks, torch.randn(case.m, case.k, generator=seeded("x", case.k, case.m))
+
+
+def run_ffn(case: Case, repeats: int) -> dict[str, np.ndarray]:
+    """The FFN block through capture -> table -> run_propagation -> compile, against the masked module."""
+    model, masks, x = ffn_model(case)
+    graph = se.capture(model, (x,))
+    table = masks_to_table(graph, {name: {"weight": mask} for name, mask in masks.items()})
+    if case.prec == "int8":
+        names = tuple(masks)
+        q = quantize(model, UniformQuantConfig(weight_bits=8, activation_bits=8, activation_fmt="int",
+                                               op_types=("Linear",), op_names=names), "uniform", graph=graph)
+        table = table.merge(q)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cm = compile(graph, se.run_propagation(graph, table), config=CompileConfig(runs=3))
+    masked = nn.Sequential(nn.Linear(case.k, case.n), nn.GELU(), nn.Linear(case.n, case.k)).eval()
+    with torch.no_grad():
+        for name, mask in masks.items():
+            src, dst = model.get_submodule(name), masked.get_submodule(name)
+            dst.weight.copy_(src.weight * mask)
+            dst.bias.copy_(src.bias)
+        case.ours_err = rel_err(cm(x), masked(x))
+        case.ours_ms = medians([lambda: cm(x)], repeats)[0] * 1e3
+    case.notes.append("compile: " + ", ".join(str(op.chosen) for op in cm.plan.ops.values()))
+    return {"w1": masked[0].weight.detach().numpy(), "b1": masked[0].bias.detach().numpy(),
+            "w2": masked[2].weight.detach().numpy(), "b2": masked[2].bias.detach().numpy(), "x": x.numpy()}
+
+
+def error_line(text: str, rc: int) -> str:
+    """The line that names the error (a traceback's last 'XxxError: ...'), else the last line, else the exit."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    named = [ln for ln in lines if "Error" in ln.split(":")[0] or "Exception" in ln.split(":")[0]]
+    if named:
+        return named[-1][:300]
+    if rc < 0:
+        return f"killed by signal {-rc}" + (f" after: {lines[-1][:200]}" if lines else "")
+    return lines[-1][:300] if lines else f"exit code {rc}, no output"
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def run_peer(peer_python: Path, rows: list[Case], tmp: Path, repeats: int, threads: int) -> str | None:
+    """Run the DeepSparse worker on every case; fill `case.ds`. Returns why DeepSparse did not run, or None.
+
+    A case that crashes the worker (a signal, not a Python exception) is marked failed and the
+    worker is started again on the cases left.
+    """
+    if not peer_python.exists():
+        return f"peer python {peer_python} not found (`make bench-peers` creates .venv-peers)"
+    spec = tmp / "cases.json"
+    spec.write_text(json.dumps([{"id": c.id, "kind": c.kind, "prec": c.prec, "file": str(tmp / c.data_name)}
+                                for c in rows]))
+    out = tmp / "ds.jsonl"
+    env = dict(os.environ, NM_DISABLE_ANALYTICS="1", OMP_NUM_THREADS=str(threads))
+    crashed: dict[str, str] = {}
+    for _ in range(len(rows) + 1):
+        done = {r["id"] for r in read_jsonl(out) if "started" not in r}
+        command = [str(peer_python), str(WORKER), "--cases", str(spec), "--out", str(out), "--repeats",
+                   str(repeats), "--num-cores", str(threads), "--skip", *sorted(done | set(crashed))]
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=PEER_TIMEOUT_S, env=env)
+        except subprocess.TimeoutExpired:
+            return f"the worker ran past {PEER_TIMEOUT_S} s"
+        if proc.returncode == 0:
+            break
+        reason = error_line(proc.stderr or proc.stdout, proc.returncode)
+        records = read_jsonl(out)
+        finished = {r["id"] for r in records if "started" not in r}
+        running = [r["id"] for r in records if "started" in r and r["id"] not in finished | set(crashed)]
+        if not running:  # it died before any case (import error, unsupported CPU): nothing will run
+            return reason
+        crashed[running[0]] = reason
+    results = {r["id"]: r for r in read_jsonl(out) if "started" not in r}
+    results.update({i: {"id": i, "error": f"worker crashed: {why}"} for i, why in crashed.items()})
+    for case in rows:
+        case.ds = results.get(case.id, {"error": "no result"})
+    timed = [c for c in rows if "ms" in c.ds]
+    if not timed:
+        return next((c.ds["error"] for c in rows if "error" in c.ds), "no case ran")
+    return None
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def fmt(value: float, spec: str) -> str:
+    """`value` in `spec` (width.precision + type); nan right-aligned in the same width."""
+    return format(value, spec) if math.isfinite(value) else format("nan", f">{spec.split('.')[0]}")
+
+
+def print_table(rows: list[Case], threads: int, failure: str | None, load: float) -> None:
+    flags = cpu_flags()
+    versions = next((c.ds for c in rows if "engine" in c.ds), next((c.ds for c in rows if "deepsparse" in c.ds), {}))
+    engine = versions.get("engine", {})
+    print(f"cpu: {cpu_model()} | flags: " + " ".join(f"{f}={'yes' if f in flags else 'no'}" for f in FLAGS))
+    print(f"threads={threads} (ours: torch.set_num_threads, DeepSparse: num_cores) torch={torch.__version__} "
+          f"deepsparse={versions.get('deepsparse', '-')}"
+          + (f" (engine: {engine.get('avx')}, vnni={engine.get('vnni')}, int8 graph {versions.get('int8')})"
+             if engine else "") + f" sparsity={SPARSITY:.0%}")
+    busy = " (other work on this machine: timings are noisy, DeepSparse's pinned threads most)" if load > 0.5 else ""
+    print(f"load average (1 min) before this run: {load:.2f}{busy}")
+    if failure is not None:
+        print(f"DeepSparse did not run: {failure}")
+    print(f"{'K->N':<15} {'M':>5} {'pattern':>12} {'prec':>5} {'ours_ms':>9} {'ds_ms':>9} {'ds/ours':>8} "
+          f"{'ours_err':>9} {'ds_err':>9}  notes")
+    for c in rows:
+        ds_ms = float(c.ds.get("ms", math.nan))
+        notes = list(c.notes)
+        if "error" in c.ds and failure is None:
+            notes.append(f"DS failed: {c.ds['error']}")
+        if c.ds.get("supported_ops", 1.0) < 1.0:
+            notes.append(f"DS supported ops {c.ds['supported_ops']:.0%}")
+        if "err_sim" in c.ds:
+            notes.append(f"DS vs same quant in torch {c.ds['err_sim']:.1e}")
+        print(f"{c.shape:<15} {c.m:>5} {c.pattern:>12} {c.prec:>5} {fmt(c.ours_ms, '9.2f')} {fmt(ds_ms, '9.2f')} "
+              f"{fmt(ds_ms / c.ours_ms, '8.2f')} {fmt(c.ours_err, '9.1e')} "
+              f"{fmt(float(c.ds.get('err', math.nan)), '9.1e')}  {'; '.join(notes)}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="768->3072 at M=4096 and the FFN block in fp32")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2, help="ours: torch threads; DeepSparse: num_cores")
+    parser.add_argument("--peer-python", type=Path, default=HERE.parent / ".venv-peers" / "bin" / "python",
+                        help="python of the venv that has deepsparse==1.8.0 (make bench-peers creates it)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    warnings.simplefilter("ignore")
+    rows = cases(args.quick)
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="peers-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        for case in rows:
+            print(f"ours: {case.id} ...", flush=True)
+            data = run_ffn(case, args.repeats) if case.kind == "ffn" else run_linear(case, args.repeats)
+            path = tmp / case.data_name
+            if not path.exists():
+                np.savez(path, **{k: np.ascontiguousarray(v, dtype=np.float32) for k, v in data.items()})
+        print(f"DeepSparse: {len(rows)} cases under {args.peer_python} ...", flush=True)
+        failure = run_peer(args.peer_python, rows, tmp, args.repeats, args.threads)
+    print()
+    print_table(rows, args.threads, failure, load_before)
+
+
+if __name__ == "__main__":
+    main()

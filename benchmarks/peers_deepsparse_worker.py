@@ -1,0 +1,249 @@
+"""DeepSparse side of `benchmarks/peers.py`: runs only inside the peer venv (.venv-peers), never the project's.
+
+For each case that peers.py saved (an `.npz` with the masked weights, biases and the input
+x of shape (M, K), listed in a `cases.json`), this script builds the same torch module
+(nn.Linear, or the FFN block Linear -> GELU -> Linear), exports it to ONNX with the legacy
+TorchScript exporter (static shapes, opset 13) and times `deepsparse.Engine(model, batch_size=M,
+num_cores=...)`: the median of `--repeats` calls after a warm-up. The ONNX batch dimension is
+the M tokens.
+
+int8 cases get a quantized graph written here with the `onnx` helper API. Each Gemm reads x
+quantized to uint8 with a static per-tensor scale and zero point calibrated on this very x
+(DeepSparse's best case) and symmetric int8 weights, one scale per output row
+(`--weight-quant tensor`: one scale). `--int8-format integer` (default) writes the layout
+sparseml's exporter hands DeepSparse: QuantizeLinear -> MatMulInteger (uint8 weights, zero
+point 128) -> Add (int32 bias) -> Cast -> Mul (rescale); DeepSparse runs all of it
+(supported_ops 1.0). `--int8-format qdq` writes QuantizeLinear/DequantizeLinear pairs around
+a float Gemm instead: DeepSparse 1.8.0 compiles none of that graph (supported_ops 0.0) and
+hands it to its fallback runtime, so it is kept only to show that.
+
+Every result carries `err`: max |y_ds - y_torch| / max |y_torch| against the fp32 torch
+module (for int8 that includes the quantization error, as ours does), and for int8 also
+`err_sim`: against torch doing the same rounding, so a broken export shows as a large
+`err_sim`. One JSON object per case is appended to `--out` as it finishes (so a crash loses
+only the case it happened in); the whole list is also printed to stdout at the end.
+
+    .venv-peers/bin/python benchmarks/peers_deepsparse_worker.py --cases DIR/cases.json --out DIR/ds.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("NM_DISABLE_ANALYTICS", "1")  # no telemetry calls from an offline machine
+
+import deepsparse  # noqa: E402  (first: a venv without it fails on this line)
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import torch  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from torch import nn  # noqa: E402
+
+OPSET = 13
+Ranges = list[tuple[float, float]]
+
+
+def build_module(arrays: dict[str, np.ndarray], kind: str) -> nn.Module:
+    """nn.Linear (w, b) or nn.Sequential(Linear, GELU, Linear) (w1, b1, w2, b2) holding the saved weights."""
+
+    def linear(w: np.ndarray, b: np.ndarray) -> nn.Linear:
+        lin = nn.Linear(w.shape[1], w.shape[0])
+        with torch.no_grad():
+            lin.weight.copy_(torch.from_numpy(w))
+            lin.bias.copy_(torch.from_numpy(b))
+        return lin
+
+    if kind == "linear":
+        return linear(arrays["w"], arrays["b"]).eval()
+    return nn.Sequential(linear(arrays["w1"], arrays["b1"]), nn.GELU(), linear(arrays["w2"], arrays["b2"])).eval()
+
+
+def export(module: nn.Module, x: torch.Tensor, path: Path) -> None:
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the legacy exporter is asked for on purpose
+        torch.onnx.export(module, (x,), str(path), dynamo=False, opset_version=OPSET, input_names=["x"],
+                          output_names=["y"], do_constant_folding=True)
+
+
+def linear_input_ranges(module: nn.Module, x: torch.Tensor) -> Ranges:
+    """(min, max) of the input of each nn.Linear, in module order (= the order the exporter writes them)."""
+    ranges: Ranges = []
+    hooks = [m.register_forward_pre_hook(lambda _m, a: ranges.append((float(a[0].min()), float(a[0].max()))))
+             for m in module.modules() if isinstance(m, nn.Linear)]
+    with torch.no_grad():
+        module(x)
+    for h in hooks:
+        h.remove()
+    return ranges
+
+
+def activation_qparams(lo: float, hi: float) -> tuple[float, int]:
+    """Asymmetric uint8 scale and zero point covering [lo, hi] (and 0)."""
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    scale = max(hi - lo, 1e-8) / 255.0
+    return scale, int(np.clip(round(-lo / scale), 0, 255))
+
+
+def weight_qparams(w: np.ndarray, per_channel: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 weights (N, K) and their scales (one per output row, or one scalar)."""
+    amax = np.abs(w).max(axis=1) if per_channel else np.array(np.abs(w).max())
+    scale = (np.maximum(amax, 1e-12) / 127.0).astype(np.float32)
+    return np.clip(np.round(w / (scale[:, None] if per_channel else scale)), -127, 127).astype(np.int8), scale
+
+
+def quantize_graph(src: Path, dst: Path, ranges: Ranges, per_channel: bool, fmt: str) -> list[dict[str, Any]]:
+    """Write `dst`: `src` with every Gemm (weight and bias initializers, transB=1) quantized; returns the qparams.
+
+    fmt "integer": QuantizeLinear(x) -> MatMulInteger(x_u8, W_u8 (zero point 128)) -> Add(int32 bias)
+    -> Cast -> Mul(rescale), the layout sparseml's exporter gives DeepSparse. fmt "qdq": the Gemm
+    reads DequantizeLinear(QuantizeLinear(x)) and DequantizeLinear(W_int8), bias fp32.
+    """
+    model = onnx.load(str(src))
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    nodes, params, extra = [], [], []
+    for node in graph.node:
+        trans_b = any(a.name == "transB" and a.i == 1 for a in node.attribute)
+        if not (node.op_type == "Gemm" and trans_b and len(node.input) == 3 and node.input[1] in inits):
+            nodes.append(node)
+            continue
+        i, p = len(params), f"q{len(params)}_"
+        w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
+        b = numpy_helper.to_array(inits[node.input[2]]).astype(np.float32)
+        wq, w_scale = weight_qparams(w, per_channel)
+        a_scale, a_zp = activation_qparams(*ranges[i])
+        rescale = (a_scale * w_scale).astype(np.float32)
+        b_q = np.round(b / rescale).astype(np.int32)
+        extra += [numpy_helper.from_array(np.array(a_scale, np.float32), p + "a_scale"),
+                  numpy_helper.from_array(np.array(a_zp, np.uint8), p + "a_zp")]
+        quant = helper.make_node("QuantizeLinear", [node.input[0], p + "a_scale", p + "a_zp"], [p + "a_q"])
+        if fmt == "integer":
+            extra += [numpy_helper.from_array((wq.T.astype(np.int32) + 128).astype(np.uint8), p + "w_u8"),
+                      numpy_helper.from_array(np.array(128, np.uint8), p + "w_zp"),
+                      numpy_helper.from_array(b_q, p + "b_q"), numpy_helper.from_array(rescale, p + "rescale")]
+            nodes += [quant,
+                      helper.make_node("MatMulInteger", [p + "a_q", p + "w_u8", p + "a_zp", p + "w_zp"], [p + "acc"]),
+                      helper.make_node("Add", [p + "acc", p + "b_q"], [p + "acc_b"]),
+                      helper.make_node("Cast", [p + "acc_b"], [p + "acc_f"], to=TensorProto.FLOAT),
+                      helper.make_node("Mul", [p + "acc_f", p + "rescale"], [node.output[0]])]
+            bias = b_q * rescale
+        else:
+            extra += [numpy_helper.from_array(wq, p + "w_q"), numpy_helper.from_array(w_scale, p + "w_scale"),
+                      numpy_helper.from_array(np.zeros(w_scale.shape, np.int8), p + "w_zp")]
+            nodes += [quant,
+                      helper.make_node("DequantizeLinear", [p + "a_q", p + "a_scale", p + "a_zp"], [p + "a_dq"]),
+                      helper.make_node("DequantizeLinear", [p + "w_q", p + "w_scale", p + "w_zp"], [p + "w_dq"],
+                                       **({"axis": 0} if per_channel else {})),
+                      helper.make_node("Gemm", [p + "a_dq", p + "w_dq", node.input[2]], list(node.output), transB=1)]
+            bias = b
+        graph.initializer.remove(inits[node.input[1]])
+        params.append({"a_scale": a_scale, "a_zp": a_zp, "w_scale": w_scale, "wq": wq, "bias": bias})
+    if len(params) != len(ranges):
+        raise RuntimeError(f"quantized {len(params)} Gemm nodes, the module has {len(ranges)} Linear layers")
+    graph.initializer.extend(extra)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(dst))
+    return params
+
+
+def simulate(module: nn.Module, x: torch.Tensor, params: list[dict[str, Any]]) -> torch.Tensor:
+    """The torch module with the quantized graph's rounding: fake-quantized Linear inputs, weights and bias."""
+    linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
+    hooks = []
+    with torch.no_grad():
+        for lin, p in zip(linears, params):
+            scale = torch.from_numpy(np.asarray(p["w_scale"])).float()
+            lin.weight.copy_(torch.from_numpy(p["wq"]).float() * (scale.reshape(-1, 1) if scale.ndim else scale))
+            lin.bias.copy_(torch.from_numpy(np.asarray(p["bias"], np.float32)))
+
+            def fake(_m: nn.Module, a: tuple, s: float = p["a_scale"], z: int = p["a_zp"]) -> tuple:
+                return ((torch.clamp(torch.round(a[0] / s) + z, 0, 255) - z) * s,)
+
+            hooks.append(lin.register_forward_pre_hook(fake))
+        y = module(x)
+    for h in hooks:
+        h.remove()
+    return y
+
+
+def rel_err(a: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(a - ref).max() / max(float(np.abs(ref).max()), 1e-12))
+
+
+def run_case(case: dict[str, Any], tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
+    arrays = dict(np.load(case["file"]))
+    x = torch.from_numpy(arrays["x"])
+    module = build_module(arrays, case["kind"])
+    with torch.no_grad():
+        reference = module(x).numpy()
+    path = tmp / f"{case['id']}_fp32.onnx"
+    export(module, x, path)
+    out: dict[str, Any] = {"id": case["id"]}
+    if case["prec"] == "int8":
+        qpath = tmp / f"{case['id']}_int8.onnx"
+        params = quantize_graph(path, qpath, linear_input_ranges(module, x), args.weight_quant == "channel",
+                                args.int8_format)
+        simulated = simulate(module, x, params).numpy()
+        path = qpath
+    start = time.perf_counter()
+    engine = deepsparse.Engine(model=str(path), batch_size=x.shape[0], num_cores=args.num_cores)
+    out["compile_s"] = time.perf_counter() - start
+    inputs = [np.ascontiguousarray(arrays["x"])]
+    y = engine.run(inputs)[0]
+    out["err"] = rel_err(y, reference)
+    if case["prec"] == "int8":
+        out["err_sim"] = rel_err(y, simulated)
+    for _ in range(2):
+        engine.run(inputs)
+    times = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        engine.run(inputs)
+        times.append(time.perf_counter() - start)
+    out["ms"] = statistics.median(times) * 1e3
+    out["supported_ops"] = float(getattr(engine, "fraction_of_supported_ops", float("nan")))
+    out["engine"] = {"avx": str(getattr(engine, "cpu_avx_type", "?")), "vnni": bool(getattr(engine, "cpu_vnni", 0))}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=Path, required=True, help="cases.json written by peers.py")
+    parser.add_argument("--out", type=Path, required=True, help="JSON lines, one per case, appended")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--num-cores", type=int, default=2)
+    parser.add_argument("--weight-quant", choices=("channel", "tensor"), default="channel")
+    parser.add_argument("--int8-format", choices=("integer", "qdq"), default="integer")
+    parser.add_argument("--skip", nargs="*", default=[], help="case ids to leave out (done, or crashed before)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.num_cores)
+    cases = [c for c in json.loads(args.cases.read_text()) if c["id"] not in set(args.skip)]
+    results = []
+    for case in cases:
+        with args.out.open("a") as f:  # say which case is running, so a crash can be pinned on it
+            f.write(json.dumps({"id": case["id"], "started": True}) + "\n")
+        try:
+            result = run_case(case, args.cases.parent, args)
+        except Exception as exc:  # one case failing (export, engine) must not hide the others
+            result = {"id": case["id"], "error": f"{type(exc).__name__}: {exc}".splitlines()[0],
+                      "trace": traceback.format_exc(limit=3)}
+        result["deepsparse"] = deepsparse.__version__
+        result["int8"] = f"{args.int8_format}/{args.weight_quant}"
+        results.append(result)
+        with args.out.open("a") as f:
+            f.write(json.dumps(result) + "\n")
+    print(json.dumps(results), flush=True)
+
+
+if __name__ == "__main__":
+    main()
