@@ -33,7 +33,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import subprocess
 import tempfile
 import warnings
@@ -51,6 +50,7 @@ import sparta_explore as se
 from kernels import medians, pattern_mask  # benchmarks/kernels.py: this script's folder is on sys.path
 from sparta_explore.compile import compile
 from sparta_explore.compile_config import CompileConfig
+from sparta_explore.device import cpu_model
 from sparta_explore.kernels import Int8SparseLinear, SparseLinear, cpu_flags
 from sparta_explore.pruners import masks_to_table
 from sparta_explore.quantizers import quantize
@@ -232,16 +232,6 @@ def run_peer(peer_python: Path, rows: list[Case], tmp: Path, repeats: int, threa
     if not timed:
         return next((c.ds["error"] for c in rows if "error" in c.ds), "no case ran")
     return None
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def fmt(value: float, spec: str) -> str:
