@@ -271,7 +271,7 @@ def print_table(rows: list[Case], threads: int, failure: str | None, load: float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="768->3072 at M=4096 and the FFN block in fp32")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=2, help="ours: torch threads; DeepSparse: num_cores")
     parser.add_argument("--peer-python", type=Path, default=HERE.parent / ".venv-peers" / "bin" / "python",
                         help="python of the venv that has deepsparse==1.8.0 (make bench-peers creates it)")
