@@ -15,6 +15,7 @@ AVX-512 (16 lanes) with -march=native; register tile: R rows x V vectors of M.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -247,14 +248,50 @@ def _chunks(groups: Groups, n_out: int, empty: np.ndarray) -> tuple[list[int], .
 UNPACK_TILE = c_text("unpack_tile.c")
 
 
-def finish_tile(act: str) -> str:
-    """C that ends a work item: rows no kept weight reaches get act(bias), then the tile goes to Y."""
+def finish_tile(act: str, before_unpack: str = "") -> str:
+    """C that ends a work item: rows no kept weight reaches get act(bias), then the tile goes to Y.
+
+    `before_unpack` runs on the item's rows of `yb` first (an activation pass, for example).
+    """
     return f"""            for (long e = C_EPTR[c0]; e < C_EPTR[c1]; ++e) {{  /* rows no kept weight reaches */
                 const long n = EMPTY_ROWS[e];
                 for (long t = 0; t < TILE; t += VEC) {{ vf v = zero + bias_of(bias, n); {_ACTIVATIONS[act]}
                     ST(yb + n * TILE + t, v); }}
             }}
-            unpack_tile(yb, Y, m0, mt, C_N0[c0], C_N1[c1 - 1]);"""
+{before_unpack}            unpack_tile(yb, Y, m0, mt, C_N0[c0], C_N1[c1 - 1]);"""
+
+
+_WIDE_NAMES = {"vf": "wf", "vi": "wi", "vsel": "wsel", "vexp": "wexp", "verf": "werf", "LD": "WLD", "ST": "WST"}
+
+
+def widen(c: str) -> str:
+    """The vector prelude's C (or an activation statement) on 16-float vectors: wf, wsel, wexp, werf.
+
+    For kernels whose vectors are 8 floats on a CPU with 16-float registers: their activation
+    can run as a separate pass over rows at twice the width (`act_rows_wide`).
+
+    Example:
+        >>> widen("v = vsel(v > zero, v, zero);")
+        'v = wsel(v > zero, v, zero);'
+    """
+    out = re.sub(r"\b(" + "|".join(_WIDE_NAMES) + r")\b", lambda m: _WIDE_NAMES[m.group(1)], c)
+    return out.replace("VEC * 4", "64")
+
+
+def act_rows_wide(act: str) -> str:
+    """C of `act_rows(yb, r0, r1)`: `act` over rows r0..r1 of the N x TILE buffer, 16 floats at a time.
+
+    TILE must be a multiple of 16. Uses the widened prelude (`widen`), which it includes.
+    """
+    prelude = "\n".join(line for line in widen(_PRELUDE).splitlines() if not line.startswith("#include"))
+    return prelude + f"""
+static void act_rows(float *yb, long r0, long r1) {{
+    const wf zero = {{0}}; const wf one = zero + 1.0f; (void)one;
+    for (float *p = yb + r0 * TILE, *end = yb + r1 * TILE; p < end; p += 16) {{
+        wf v = WLD(p); {widen(_ACTIVATIONS[act])} WST(p, v);
+    }}
+}}
+"""
 
 
 

@@ -30,6 +30,7 @@ from sparta_explore.kernels.bsr_codegen import (
     Groups,
     V,
     _vectors,
+    act_rows_wide,
     finish_tile,
     pattern_tables,
     plan_groups,
@@ -151,6 +152,12 @@ def _work(groups: Groups) -> int:
 # M = 4096, 90% unstructured: 65 quads per row ran in 18.0 ms, 73 pairs in 20.1 ms although the
 # quads hold 1.8x the padded products).
 STEP_COST = 4.0
+# Activations the 16-lane VNNI kernels apply in a separate pass of 16-float vectors instead of in
+# each 8-float store: exact GELU in the stores cost 8.2 ms at 768->3072, M = 4096 (the fp32
+# kernel's 16-float GELU: 2.5-3.5 ms); ReLU is one compare either way.
+WIDE_ACTIVATIONS = frozenset({"gelu"})
+
+
 def tile_rows_for(variant: str, dot: DotMode | None) -> int:
     """Rows of M per work item: 48, or what one VNNI tile covers when that is more (a multiple of 48).
 
@@ -220,7 +227,7 @@ def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: 
     tables, chunk_g0 = pattern_tables(groups, n_out, act)
     n_chunks = len(chunk_g0)
     steps = accumulate_steps(weight_bits, act_bits)
-    extra = ""
+    extra, finish = "", finish_tile(act)
     if variant == "u8":
         if steps < 2:
             raise ValueError(f"{weight_bits}-bit weights x {act_bits}-bit activations can overflow int16: "
@@ -233,6 +240,10 @@ def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: 
             raise ValueError("the vnni variant needs a dot mode")
         elem, k_group, pack = "uint8_t", 4, U8_PACK
         extra = vnni_prelude(dot, emulate)
+        if dot.lanes == 16 and act in WIDE_ACTIVATIONS:  # the activation as a 16-float pass over the rows
+            extra += act_rows_wide(act)
+            finish = finish_tile("none", before_unpack="            act_rows(yb, C_N0[c0], C_N1[c1 - 1]);\n")
+            act = "none"
         tiles = "".join(vnni_tile(r, act, dot) for r in range(1, dot.rows + 1))
         rows_per_call = {r: dot.vectors_for(r) * dot.lanes for r in range(1, dot.rows + 1)}
     elif variant == "int16":
@@ -249,4 +260,4 @@ def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: 
     k_pad = -(-n_in // k_group) * k_group
     return c_fill("int8_kernel.c", level=level, tile_rows=tile_rows, n_in=n_in, k_pad=k_pad, n_out=n_out,
                   n_chunks=n_chunks, prelude=_PRELUDE, extra=extra, tables=tables, tiles=tiles, unpack=UNPACK_TILE,
-                  row_scale=ROW_SCALE, pack=pack, name=name, elem=elem, dispatch=dispatch, finish=finish_tile(act))
+                  row_scale=ROW_SCALE, pack=pack, name=name, elem=elem, dispatch=dispatch, finish=finish)

@@ -156,3 +156,15 @@ def test_unit_segments_keep_every_k_and_split_only_short_segments(pattern):
         assert (split.seg_len == 4).mean() > 0.9 and len(split.seg_len) > len(aligned.seg_len)  # one quad per step
     else:
         assert split.seg_len.max() >= 32  # block runs keep their tight loop
+
+
+def test_gelu_runs_as_a_wide_pass_on_16_lane_modes_only():
+    # 16-lane VNNI kernels apply GELU over the rows in 16-float vectors (8-float stores cost 2.5x)
+    kept = np.ones((32, 64), dtype=bool)
+    for mode in MODES:
+        dot = dot_mode(mode)
+        groups, variant = prepare_groups(kept, 32, 8, 8, dot)
+        src = generate_int8_source(groups, 32, 64, "gelu", "f", variant=variant, dot=dot, emulate=True)
+        tiles = src[src.index("qtile1("):src.index("void f(")]
+        assert ("act_rows(yb" in src) == (dot.lanes == 16)
+        assert ("verf(" in tiles) == (dot.lanes != 16)
