@@ -22,6 +22,7 @@ from torch import nn
 from sparta_explore.fake_quant import fake_quantize_rows
 from sparta_explore.kernels.dense import DenseConv2d, DenseLinear, ShrunkConv2d, SummedParts
 from sparta_explore.kernels.shrink import ShrunkLinear
+from sparta_explore.kernels.sparse_conv import SparseConv2d
 from sparta_explore.kernels.sparse_linear import Int8SparseLinear, SparseLinear
 from sparta_explore.kernels.tuning import default_tile
 from sparta_explore.plan.execution_plan import FP32, Candidate, SubOp
@@ -118,3 +119,15 @@ def _dense_conv(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Modu
 @register_builder("shrink", "conv")
 def _shrink_conv(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Module:
     return ShrunkConv2d(ctx.module, part_weight(ctx.module, sub), sub.mask.reshape(ctx.module.weight.shape))
+
+
+@register_builder("sparse", "conv")
+def _sparse_conv(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Module:
+    # implicit GEMM: the pattern-specialized linear kernel over im2col rows (C_out x C_in*kh*kw)
+    conv = ctx.module
+    weight = part_weight(conv, sub).reshape(conv.out_channels, -1)
+    mask = sub.mask.reshape(conv.out_channels, -1)
+    tile = "auto" if ctx.tune else default_tile(mask.cpu().numpy().astype(bool), sub.block[0])
+    linear = SparseLinear(weight, bias, mask, block_rows=sub.block[0], activation=activation,
+                          cache_dir=ctx.cache_dir, tile=tile, expected_m=ctx.m)
+    return SparseConv2d(conv, linear)

@@ -160,3 +160,22 @@ def test_an_op_no_candidate_can_build_keeps_its_own_module(device, cache_dir, mo
     op = next(iter(cm.plan.ops.values()))
     assert op.chosen == "original" and cm.report["choice"].tolist() == ["original"]
     assert torch.allclose(cm(x), se.masked_copy(model, table)(x), atol=1e-5)
+
+
+def test_pruned_pointwise_convs_get_sparse_candidates(device, cache_dir):
+    if not device.blocks:
+        pytest.skip("no compiler: no sparse kernels on this machine")
+    model = nn.Sequential(nn.Conv2d(16, 32, 1), nn.ReLU(), nn.Conv2d(32, 8, 3, padding=1, groups=2),
+                          nn.Conv2d(8, 8, 3, padding=1)).eval()
+    x = torch.randn(2, 16, 12, 12)
+    g = se.capture(model, (x,))
+    table = block_table(model, g, 0.9, (1, 1))
+    cm = compile(model, table, (x,), device=device, cache_dir=cache_dir, tune=False, choose="measured")
+    conv = cm.plan.ops["_0"]
+    assert "sparse" in {c.name for c in conv.candidates} and "sparse" in conv.measured_ms
+    grouped = cm.plan.ops["_2"]
+    assert {c.name for c in grouped.candidates} == {"dense"}  # a grouped conv stays whole
+    assert "sparse" not in {c.name for c in cm.plan.ops["_3"].candidates}  # kxk: im2col costs more than it saves
+    want = se.masked_copy(model, table)(x)
+    torch.testing.assert_close(cm(x), want, atol=1e-4, rtol=1e-4)
+    assert conv.measured_ms[conv.chosen] == min(conv.measured_ms.values())

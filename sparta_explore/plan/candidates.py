@@ -14,7 +14,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -39,6 +39,7 @@ class OpInfo:
     m: int
     act_bits: int
     groups: int = 1
+    pointwise: bool = True  # a conv whose im2col rows are its pixels (1x1, stride 1, no padding)
 
     @property
     def out_features(self) -> int:
@@ -152,9 +153,19 @@ def linear_candidates(info: OpInfo, device: DeviceProfile) -> list[Candidate]:
 
 @register_candidates("conv")
 def conv_candidates(info: OpInfo, device: DeviceProfile) -> list[Candidate]:
-    """Dense and channel-shrunk convolutions (PyTorch's kernels; low bits as fake-quantized fp32).
+    """Dense, channel-shrunk and, for pointwise convs, sparse convolutions; low bits as fake-quantized fp32.
 
-    Grouped convolutions (depthwise) only run dense: dropping channels would break the grouping.
+    Sparse convs run the fp32 sparse linear kernels over the pixels (`kernels/sparse_conv.py`),
+    one block shape per conv (no summed parts), inputs fp32 as the dense conv's. kxk convs are
+    not offered: `SparseConv2d` runs them through `F.unfold`, and that copy alone took 0.4-1.2x
+    the dense conv's time (`benchmarks/conv.py`: 0.34-0.71x dense at 50-90%), so they would
+    only cost compile time. Grouped convolutions (depthwise) only run dense: dropping channels
+    would break the grouping.
     """
-    shrink = shrink_candidate(info, device) if info.groups == 1 else None
-    return [c for c in (dense_candidate(info, device), shrink) if c is not None]
+    if info.groups != 1:
+        return [dense_candidate(info, device)]
+    found = [dense_candidate(info, device), shrink_candidate(info, device)]
+    if info.pointwise and bool(info.kept.any()):
+        fp32_inputs = replace(info, act_bits=FP32)
+        found += [c for c in sparse_candidates(fp32_inputs, device) if len(c.parts) == 1]
+    return [c for c in found if c is not None]

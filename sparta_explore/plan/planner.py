@@ -52,6 +52,13 @@ def _fusable(graph: Graph, node: fx.Node) -> tuple[str, str | None]:
     return (act, user.name) if act else ("none", None)
 
 
+def _pointwise(module: nn.Module | None) -> bool:
+    """A conv whose im2col rows are its input pixels (1x1, stride 1, no padding); True for non-convs."""
+    if not isinstance(module, nn.Conv2d):
+        return True
+    return module.kernel_size == (1, 1) and module.stride == (1, 1) and module.padding in ((0, 0), "valid")
+
+
 def _rows(graph: Graph, node: fx.Node, out_features: int) -> int:
     out = graph.tensors.get(node.name)
     if out is None:
@@ -86,8 +93,10 @@ def plan(graph: Graph, table: Mapping[str, TeSA], device: DeviceProfile | None =
         kept = site.weight_2d(tesa.kept)
         out_features = kept.shape[0]
         bits, raised = floor_bits(site.weight_2d(tesa.bits))
-        groups = getattr(graph.module.get_submodule(site.module_target), "groups", 1) if site.module_target else 1
-        info = OpInfo(node.name, site.kind, kept, bits, _rows(graph, node, out_features), act_bits, groups)
+        module = graph.module.get_submodule(site.module_target) if site.module_target else None
+        groups = getattr(module, "groups", 1)
+        info = OpInfo(node.name, site.kind, kept, bits, _rows(graph, node, out_features), act_bits, groups,
+                      pointwise=_pointwise(module))
         activation, act_node = _fusable(graph, node) if site.kind == "linear" else ("none", None)
         candidates = CANDIDATES.get(site.kind)(info, device)
         ops[node.name] = OpPlan(
