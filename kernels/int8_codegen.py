@@ -39,6 +39,7 @@ from sparta_explore.kernels.bsr_codegen import (
 )
 from sparta_explore.kernels.c_templates import c_fill, c_text
 from sparta_explore.kernels.lowbit_codegen import ROWS, U8_PACK, VECTORS, accumulate_steps, u8_tile
+from sparta_explore.kernels.qtile import qtile
 from sparta_explore.kernels.vnni_codegen import DotMode, vnni_prelude, vnni_tile
 
 
@@ -113,25 +114,8 @@ def _tile(r: int, act: str) -> str:
             stores.append(f"{{ vf v = (vf)_mm256_cvtepi32_ps(a{i}{j}) * LD(sx + t + {j} * 8) * ws[n0 + {i}]"
                           f" + bias_of(bias, n0 + {i}); {_ACTIVATIONS[act]} "
                           f"ST(yb + (n0 + {i}) * TILE + t + {j} * 8, v); }}")
-    return f"""
-static inline void qtile{r}(const int16_t *xq, const float *sx, float *yb, long t, long g, const int32_t *W,
-                           const int32_t *corr, const float *ws, const float *bias) {{
-    (void)corr;
-    const vf zero = {{0}}; const vf one = zero + 1.0f; (void)one;
-    {acc}
-    const long n0 = G_ROW0[g];
-    const int32_t *w = W + G_WOFF[g];
-    for (long s = G_SEGPTR[g]; s < G_SEGPTR[g + 1]; ++s) {{
-        const int16_t *x = xq + (G_SEGK0[s] / 2) * TILE * 2 + t * 2;
-        for (long p = G_SEGLEN[s] / 2; p > 0; --p, x += 2 * TILE, w += {r}) {{
-            {loads}
-            {bcast}
-            {madds}
-        }}
-    }}
-    {" ".join(stores)}
-}}
-"""
+    return qtile(r, "int16_t", 2, acc=acc, body=f"{loads}\n            {bcast}\n            {madds}",
+                 stores=" ".join(stores), head="    (void)corr;\n")
 
 
 ROW_SCALE = c_text("row_scale.c")

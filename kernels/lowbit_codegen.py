@@ -20,6 +20,7 @@ import numpy as np
 from sparta_explore.fake_quant import qmax
 from sparta_explore.kernels.bsr_codegen import _ACTIVATIONS, Groups, segment_blocks
 from sparta_explore.kernels.c_templates import c_text
+from sparta_explore.kernels.qtile import qtile
 
 ROWS = 3  # register tile: 3 rows x 2 vectors x (int16 partial + int32 sum) + 2 x + 1 weight = 15 ymm
 VECTORS = 2
@@ -68,27 +69,10 @@ def u8_tile(r: int, act: str, steps: int) -> str:
         f"{{ vf v = (vf)_mm256_cvtepi32_ps(_mm256_sub_epi32(a{i}{j}, _mm256_set1_epi32(corr[n0 + {i}])))"
         f" * LD(sx + t + {j} * 8) * ws[n0 + {i}] + bias_of(bias, n0 + {i}); {_ACTIVATIONS[act]} "
         f"ST(yb + (n0 + {i}) * TILE + t + {j} * 8, v); }}" for i, j in pairs)
-    return f"""
-static inline void qtile{r}(const uint8_t *xq, const float *sx, float *yb, long t, long g, const int32_t *W,
-                           const int32_t *corr, const float *ws, const float *bias) {{
-    const vf zero = {{0}}; const vf one = zero + 1.0f; (void)one;
-    const __m256i ones = _mm256_set1_epi16(1);
-    {acc}
-    int steps = 0;
-    const long n0 = G_ROW0[g];
-    const int32_t *w = W + G_WOFF[g];
-    for (long s = G_SEGPTR[g]; s < G_SEGPTR[g + 1]; ++s) {{
-        const uint8_t *x = xq + (G_SEGK0[s] / 4) * TILE * 4 + t * 4;
-        for (long q = G_SEGLEN[s] / 4; q > 0; --q, x += 4 * TILE, w += {r}) {{
-            {loads}
-            {madds}
-            if (++steps == {steps}) {{ {widen} steps = 0; }}
-        }}
-    }}
-    {widen}
-    {stores}
-}}
-"""
+    body = f"{loads}\n            {madds}\n            if (++steps == {steps}) {{ {widen} steps = 0; }}"
+    return qtile(r, "uint8_t", 4, acc=acc, body=body, stores=stores,
+                 consts="    const __m256i ones = _mm256_set1_epi16(1);\n", counters="    int steps = 0;\n",
+                 after=f"    {widen}\n")
 
 
 U8_PACK = c_text("pack_tile_u8.c")

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 
 from sparta_explore.kernels.bsr_codegen import _ACTIVATIONS
 from sparta_explore.kernels.c_templates import c_fill
+from sparta_explore.kernels.qtile import qtile
 
 
 @dataclass(frozen=True)
@@ -135,20 +136,4 @@ def vnni_tile(r: int, act: str, mode: DotMode) -> str:
         f" * LD(sx + t + {j * lanes + 8 * h}) * ws[n0 + {i}] + bias_of(bias, n0 + {i}); {_ACTIVATIONS[act]} "
         f"ST(yb + (n0 + {i}) * TILE + t + {j * lanes + 8 * h}, v); }}"
         for i, j in pairs for h in range(lanes // 8))
-    return f"""
-static inline void qtile{r}(const uint8_t *xq, const float *sx, float *yb, long t, long g, const int32_t *W,
-                           const int32_t *corr, const float *ws, const float *bias) {{
-    const vf zero = {{0}}; const vf one = zero + 1.0f; (void)one;
-    {acc}
-    const long n0 = G_ROW0[g];
-    const int32_t *w = W + G_WOFF[g];
-    for (long s = G_SEGPTR[g]; s < G_SEGPTR[g + 1]; ++s) {{
-        const uint8_t *x = xq + (G_SEGK0[s] / 4) * TILE * 4 + t * 4;
-        for (long q = G_SEGLEN[s] / 4; q > 0; --q, x += 4 * TILE, w += {r}) {{
-            {loads}
-            {dots}
-        }}
-    }}
-    {stores}
-}}
-"""
+    return qtile(r, "uint8_t", 4, acc=acc, body=f"{loads}\n            {dots}", stores=stores)
