@@ -226,9 +226,10 @@ class Int8SparseLinear(KernelLinear):
     choose the symmetric grids; all run as int8. `variant` says which kernel runs: "vnni"
     (`vpdpbusd`, where the CPU has AVX-512 VNNI or AVX-VNNI), "int16" (AVX2 `vpmaddwd` on
     int16 pairs) or "u8" (AVX2 `vpmaddubsw`, weight grids of 6 bits or fewer); padded work
-    decides between quads and pairs. `dot`: "auto" (from the CPU flags), None (no VNNI), or
-    a mode of `vnni_codegen.DOT_MODES`; `emulate_dot=True` runs that mode's exact portable C
-    (tests on CPUs without VNNI). `dot_path` names what ran, e.g. "avx512_vnni (emulated)".
+    and loop steps decide between quads and pairs (`int8_codegen.prepare_groups`). `dot`:
+    "auto" (from the CPU flags), None (no VNNI), or a mode of `vnni_codegen.DOT_MODES`;
+    `emulate_dot=True` runs that mode's exact portable C (tests on CPUs without VNNI).
+    `dot_path` names what ran, e.g. "avx512_vnni (emulated)".
 
     Example:
         >>> q = Int8SparseLinear(lin.weight, lin.bias, kept, block_rows=32)  # doctest: +SKIP

@@ -119,9 +119,9 @@ def any_over(mask: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
         >>> any_over(torch.tensor([[True, False]]).expand(5, 2), [0]).tolist()
         [[True, False]]
     """
+    reduced = {d % mask.dim() for d in dims}
     out = core(mask)
-    for d in sorted({d % mask.dim() for d in dims}):
+    for d in sorted(reduced):
         if out.shape[d] > 1:
             out = out.any(dim=d, keepdim=True)
-    keep = [1 if d % mask.dim() in {x % mask.dim() for x in dims} else n for d, n in enumerate(mask.shape)]
-    return spread(out, keep)
+    return spread(out, [1 if d in reduced else n for d, n in enumerate(mask.shape)])

@@ -14,7 +14,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
@@ -165,7 +165,6 @@ def conv_candidates(info: OpInfo, device: DeviceProfile) -> list[Candidate]:
     if info.groups != 1:
         return [dense_candidate(info, device)]
     found = [dense_candidate(info, device), shrink_candidate(info, device)]
-    if info.pointwise and bool(info.kept.any()):
-        fp32_inputs = replace(info, act_bits=FP32)
-        found += [c for c in sparse_candidates(fp32_inputs, device) if len(c.parts) == 1]
+    if info.pointwise and bool(info.kept.any()):  # the planner gives convs fp32 inputs: fp32 kernels only
+        found += [c for c in sparse_candidates(info, device) if len(c.parts) == 1]
     return [c for c in found if c is not None]

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from sparta_explore.compact import any_over, core, spread
+from sparta_explore.compact import core, spread
 from sparta_explore.tesa import TeSA
 
 
@@ -180,8 +180,3 @@ def _moved_grads(fn: Callable[..., Any], xs: list[torch.Tensor], grad_outputs: l
         y = fn(*xs)
         ys = list(y) if isinstance(y, (tuple, list)) else [y]
         return torch.autograd.grad(ys, xs, grad_outputs=grad_outputs, allow_unused=True)
-
-
-def group_any(mask: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
-    """Logical or over `dims`, kept as size-1 dims so it broadcasts back."""
-    return any_over(mask, dims)

@@ -26,11 +26,10 @@ class PropagationReport:
     stopped_early: bool = False
 
     def record(self, node: str, op: str, rule: str, tensor: str, direction: str, before: TeSA, after: TeSA) -> None:
-        # on the packed keys (bits << 2 | fmt) with count_nonzero: a bool .sum() widens to int64,
-        # 4x slower on the million-element activations of a transformer
-        old, new = before._key, after._key
+        # counted on the cores of broadcast keys (count_nonzero: a bool .sum() widens to int64)
         newly_pruned = count_true(both(before.kept, after.pruned))
         # newly pruned elements went to 0 bits, so they are among the lowered ones: take them out
+        old, new = before._key, after._key
         lowered = count_true(spread((core(new) >> 2) < (core(old) >> 2), old.shape)) - newly_pruned
         self.events.append({"visit": self.visits, "node": node, "op": op, "rule": rule, "tensor": tensor,
                             "direction": direction, "newly_pruned": newly_pruned, "bits_lowered": lowered})

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sparta_explore.compact import both, either
-from sparta_explore.propagation.algebra import any_to, group_any
+from sparta_explore.compact import any_over, both, either
+from sparta_explore.propagation.algebra import any_to
 from sparta_explore.propagation.registry import OpUpdate, OpView, Unsupported, register_rule
 from sparta_explore.tesa import TeSA
 
@@ -37,7 +37,7 @@ def batchnorm_rule(op: OpView) -> OpUpdate:
     if running:
         out = (xk & _channel(a_kept, ndim)) | _channel(b_kept, ndim)
     else:  # batch statistics couple a whole channel
-        x_any = group_any(xk, [d for d in range(ndim) if d != 1])
+        x_any = any_over(xk, [d for d in range(ndim) if d != 1])
         out = _channel(b_kept, ndim) | (_channel(a_kept, ndim) & x_any)
     out = out & op.output.kept
     reduce = tuple(d for d in range(ndim) if d != 1)
@@ -54,9 +54,9 @@ def _layer_norm(x: TeSA, dims: int, weight: TeSA | None, bias: TeSA | None, outp
     norm_shape = x.shape[len(x.shape) - dims:]
     w = weight.kept if weight is not None else torch.ones(norm_shape, dtype=torch.bool)
     b = bias.kept if bias is not None else torch.zeros(norm_shape, dtype=torch.bool)
-    x_any = group_any(x.kept, group)  # an all-zero group normalizes to zero, leaving only the bias
+    x_any = any_over(x.kept, group)  # an all-zero group normalizes to zero, leaving only the bias
     out = both(either(b, both(w, x_any)), output.kept)  # on broadcast cores: batch-invariant stays compact
-    x_rel = torch.broadcast_to(group_any(both(out, w), group), x.shape)
+    x_rel = torch.broadcast_to(any_over(both(out, w), group), x.shape)
     w_rel = any_to(both(out, x_any), norm_shape)
     b_rel = any_to(out, norm_shape)
     return out, x_rel, w_rel, b_rel
@@ -118,5 +118,5 @@ def softmax_rule(op: OpView) -> OpUpdate:
     # exp(0) = 1: a pruned input still gets probability, so nothing is pruned forward;
     # the row sum couples the row, so any kept output keeps its whole row relevant
     x = op.arg(0, "input")
-    rel = torch.broadcast_to(group_any(op.output.kept, [_softmax_dim(op)]), x.shape)
+    rel = torch.broadcast_to(any_over(op.output.kept, [_softmax_dim(op)]), x.shape)
     return OpUpdate(args={op.slot_of(0, "input"): rel})
