@@ -23,7 +23,7 @@ import numpy as np
 
 from sparta_explore.activations import ACTIVATIONS
 from sparta_explore.kernels.c_templates import c_fill, c_text
-from sparta_explore.kernels.panels import cut_panels, panel_rows
+from sparta_explore.kernels.panels import ONE_WORD, Panels, cut_panels, panel_rows
 
 R_MAX = 4  # output rows per register tile (default)
 V = 3  # vectors of M per register tile (default)
@@ -170,9 +170,9 @@ def pack_weights(weight: np.ndarray, kept: np.ndarray, groups: Groups) -> np.nda
     return np.concatenate(parts) if parts else np.zeros(1, dtype=np.float32)
 
 
-def _array(name: str, values: np.ndarray) -> str:
+def _array(name: str, values: np.ndarray, ctype: str = "long") -> str:
     body = ",".join(str(int(v)) for v in values) or "0"
-    return f"static const long {name}[] = {{{body}}};\n"
+    return f"static const {ctype} {name}[] = {{{body}}};\n"
 
 
 # activation name -> C statement (the one table: sparta_explore/activations.py)
@@ -205,11 +205,19 @@ static inline void tile{r}(const float *xb, float *yb, long t, long e, const flo
     const int first = (E_FLAGS[e] & 1) != 0, last = (E_FLAGS[e] & 2) != 0;
     {acc_decl}
     const float *w = W + E_WOFF[e];
-    for (long p = E_P0[e]; p < E_P1[e]; ++p) {{
-        const float *x = xb + P_K0[p] * TILE + t;
-        for (long k = P_LEN[p]; k > 0; --k, x += TILE, w += {r}) {{
+    if (E_FLAGS[e] & {ONE_WORD}) {{  /* scattered: every piece is one k, so one flat loop over the pieces */
+        for (long p = E_P0[e]; p < E_P1[e]; ++p, w += {r}) {{
+            const float *x = xb + P_K0[p] * TILE + t;
             {loads}
             {fmas}
+        }}
+    }} else {{
+        for (long p = E_P0[e]; p < E_P1[e]; ++p) {{
+            const float *x = xb + P_K0[p] * TILE + t;
+            for (long k = P_LEN[p]; k > 0; --k, x += TILE, w += {r}) {{
+                {loads}
+                {fmas}
+            }}
         }}
     }}
     if (last) {{ {" ".join(finish)} }} else {{ {" ".join(spill)} }}
@@ -333,6 +341,12 @@ def pattern_tables(groups: Groups, n_out: int, act: str) -> tuple[str, list[int]
     return tables, g0
 
 
+def entry_tables(panels: Panels, flags: np.ndarray) -> str:
+    """The C tables of panel entries (E_*; kernels/panels.py) with these `flags`; pieces are the caller's."""
+    return (_array("E_G", panels.e_group) + _array("E_P0", panels.e_piece0) + _array("E_P1", panels.e_piece1)
+            + _array("E_WOFF", panels.e_woff) + _array("E_FLAGS", flags) + _array("E_PTR", panels.e_ptr))
+
+
 def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, name: str,
                     cfg: TileConfig = TileConfig()) -> str:
     """C source of `void {name}(X, Y, M, W, bias)`: X is M x K row-major, Y is M x N row-major.
@@ -344,11 +358,10 @@ def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, n
     """
     tables, chunk_g0 = pattern_tables(groups, n_out, act)
     n_chunks = len(chunk_g0)
-    panels = cut_panels(groups, n_in, panel_rows(cfg.tile_vectors * vec) if cfg.panel else max(1, n_in), chunk_g0)
-    tables += (_array("E_G", panels.e_group) + _array("E_P0", panels.e_piece0) + _array("E_P1", panels.e_piece1)
-               + _array("E_WOFF", panels.e_woff) + _array("E_FLAGS", panels.e_flags) + _array("P_K0", panels.p_k0)
-               + _array("P_LEN", panels.p_len) + _array("E_PTR", panels.e_ptr))
-    n_panels = len(panels.e_ptr) // (n_chunks + 1)
+    panels = cut_panels(groups, n_in, panel_rows(4 * cfg.tile_vectors * vec) if cfg.panel else max(1, n_in), chunk_g0)
+    flags = panels.e_flags | np.where(panels.one_word_entries(1), ONE_WORD, 0)
+    tables += entry_tables(panels, flags) + _array("P_K0", panels.p_k0) + _array("P_LEN", panels.p_len)
+    n_panels = panels.count
     dispatch = "\n".join(
         f"                    case {r}: " + " ".join(f"tile{r}(xt, yb, {j} * {cfg.vectors_for(r)} * VEC, e, W, bias);"
                                           for j in range(cfg.tile_vectors // cfg.vectors_for(r))) + " break;"

@@ -29,8 +29,10 @@ from sparta_explore.kernels.bsr_codegen import (
     UNPACK_TILE,
     Groups,
     V,
+    _array,
     _vectors,
     act_rows_wide,
+    entry_tables,
     finish_tile,
     pattern_tables,
     plan_groups,
@@ -39,7 +41,8 @@ from sparta_explore.kernels.bsr_codegen import (
 )
 from sparta_explore.kernels.c_templates import c_fill, c_text
 from sparta_explore.kernels.lowbit_codegen import ROWS, U8_PACK, VECTORS, accumulate_steps, u8_tile
-from sparta_explore.kernels.qtile import qtile
+from sparta_explore.kernels.panels import L1_BUDGET, ONE_WORD, cut_panels, panel_rows
+from sparta_explore.kernels.qtile import int32_slot, qtile
 from sparta_explore.kernels.vnni_codegen import DotMode, vnni_prelude, vnni_tile
 
 
@@ -101,9 +104,19 @@ def pack_pairs(wq: np.ndarray, groups: Groups) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(1, dtype=np.int32)
 
 
+def _load_i32(i: int, j: int) -> str:
+    return f"_mm256_loadu_si256((const __m256i *)({int32_slot(i, f'{j} * 8')}))"
+
+
+def _store_i32(i: int, j: int, value: str) -> str:
+    return f"_mm256_storeu_si256((__m256i *)({int32_slot(i, f'{j} * 8')}), {value});"
+
+
 def _tile(r: int, act: str) -> str:
     v = _vectors(r)  # int8 kernels use the default tiling
-    acc = " ".join(f"__m256i a{i}{j} = _mm256_setzero_si256();" for i in range(r) for j in range(v))
+    acc = " ".join(f"__m256i a{i}{j} = first ? _mm256_setzero_si256() : {_load_i32(i, j)};"
+                   for i in range(r) for j in range(v))
+    spill = " ".join(_store_i32(i, j, f"a{i}{j}") for i in range(r) for j in range(v))
     loads = " ".join(f"const __m256i x{j} = _mm256_loadu_si256((const __m256i *)(x + {j} * 16));" for j in range(v))
     bcast = " ".join(f"const __m256i w{i} = _mm256_set1_epi32(w[{i}]);" for i in range(r))
     madds = " ".join(f"a{i}{j} = _mm256_add_epi32(a{i}{j}, _mm256_madd_epi16(x{j}, w{i}));"
@@ -115,7 +128,7 @@ def _tile(r: int, act: str) -> str:
                           f" + bias_of(bias, n0 + {i}); {_ACTIVATIONS[act]} "
                           f"ST(yb + (n0 + {i}) * TILE + t + {j} * 8, v); }}")
     return qtile(r, "int16_t", 2, acc=acc, body=f"{loads}\n            {bcast}\n            {madds}",
-                 stores=" ".join(stores), head="    (void)corr;\n")
+                 stores=" ".join(stores), spill=spill, head="    (void)corr;\n")
 
 
 ROW_SCALE = c_text("row_scale.c")
@@ -154,6 +167,25 @@ def tile_rows_for(variant: str, dot: DotMode | None) -> int:
         return base
     widest = max(dot.vectors_for(1), dot.vectors) * dot.lanes
     return -(-widest // base) * base
+
+
+def panel_k_for(variant: str, dot: DotMode | None, groups: Groups, n_in: int) -> int:
+    """k per K panel (0: none): scattered patterns keep their panel of packed X in L1.
+
+    A scattered row loads one x vector per quad it touches and reuses it for one product
+    only, so where X's tile outgrows L1 every load comes from L2. Block patterns reuse each
+    load across their rows and lose more to the spills between panels.
+
+    Example:
+        >>> g = unit_segments(align_segments(plan_groups(np.eye(8, 4096, dtype=bool), 1), 4), 4)
+        >>> panel_k_for("vnni", None, g, 4096)
+        512
+    """
+    word = 2 if variant == "int16" else 4
+    x_bytes = tile_rows_for(variant, dot) * (2 if variant == "int16" else 1)  # packed X per k
+    if not scattered(groups, word) or n_in * x_bytes <= L1_BUDGET:
+        return 0
+    return panel_rows(x_bytes, word)
 
 
 def _score(groups: Groups, unit: int, cost: float) -> float:
@@ -199,13 +231,14 @@ def scattered(groups: Groups, unit: int) -> bool:
 
 def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: str, act_bits: int = 8,
                          weight_bits: int = 8, variant: str = "int16", dot: DotMode | None = None,
-                         emulate: bool = False) -> str:
+                         emulate: bool = False, panel_k: int = 0) -> str:
     """C source of `void {name}(X, Y, M, W, corr, w_scale, bias)`: fp32 in and out, int8 inside.
 
     Activations are quantized on the symmetric `act_bits` grid (see sparta_explore.fake_quant).
     `variant` is what `prepare_groups` chose for these groups: "int16", "u8" (only for grids
     with `accumulate_steps` >= 2) or "vnni" (with `dot`, portable C when `emulate`); the
-    quad variants need `corr` (lowbit_codegen.offset_correction).
+    quad variants need `corr` (lowbit_codegen.offset_correction). `panel_k` > 0 cuts K into
+    panels of that many k (a multiple of the packed word; see `panel_k_for`).
     """
     level = f"{qmax(act_bits)}.0f"
     tables, chunk_g0 = pattern_tables(groups, n_out, act)
@@ -238,10 +271,15 @@ def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: 
         raise ValueError(f"unknown int8 kernel variant {variant!r}")
     tile_rows = tile_rows_for(variant, dot)
     dispatch = "\n".join(
-        f"                case {r}: " + " ".join(f"qtile{r}(xq, sx, yb, {j * m}, g, W, corr, ws, bias);"
+        f"                        case {r}: " + " ".join(f"qtile{r}(xq, sx, yb, {j * m}, e, W, corr, ws, bias);"
                                           for j in range(tile_rows // m)) + " break;"
         for r, m in rows_per_call.items())
     k_pad = -(-n_in // k_group) * k_group
+    panels = cut_panels(groups, n_in, panel_k or k_pad, chunk_g0, k_group)
+    flags = panels.e_flags | np.where(panels.one_word_entries(k_group), ONE_WORD, 0)
+    entries = (entry_tables(panels, flags) + _array("P_XOFF", panels.p_k0 // k_group * tile_rows * k_group, "int32_t")
+               + _array("P_WORDS", panels.p_len // k_group, "int32_t"))
     return c_fill("int8_kernel.c", level=level, tile_rows=tile_rows, n_in=n_in, k_pad=k_pad, n_out=n_out,
-                  n_chunks=n_chunks, prelude=_PRELUDE, extra=extra, tables=tables, tiles=tiles, unpack=UNPACK_TILE,
+                  n_chunks=n_chunks, n_panels=panels.count, prelude=_PRELUDE, extra=extra, tables=tables + entries,
+                  tiles=tiles, unpack=UNPACK_TILE,
                   row_scale=ROW_SCALE, pack=pack, name=name, elem=elem, dispatch=dispatch, finish=finish)

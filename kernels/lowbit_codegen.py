@@ -20,7 +20,7 @@ import numpy as np
 from sparta_explore.fake_quant import qmax
 from sparta_explore.kernels.bsr_codegen import _ACTIVATIONS, Groups, segment_blocks
 from sparta_explore.kernels.c_templates import c_text
-from sparta_explore.kernels.qtile import qtile
+from sparta_explore.kernels.qtile import int32_slot, qtile
 
 ROWS = 3  # register tile: 3 rows x 2 vectors x (int16 partial + int32 sum) + 2 x + 1 weight = 15 ymm
 VECTORS = 2
@@ -56,7 +56,9 @@ def offset_correction(wq: np.ndarray) -> np.ndarray:
 def u8_tile(r: int, act: str, steps: int) -> str:
     """One register tile (r rows x VECTORS vectors of 8 outputs) of one row group."""
     pairs = [(i, j) for i in range(r) for j in range(VECTORS)]
-    acc = " ".join(f"__m256i a{i}{j} = _mm256_setzero_si256(), h{i}{j} = a{i}{j};" for i, j in pairs)
+    acc = " ".join(f"__m256i a{i}{j} = first ? _mm256_setzero_si256() : _mm256_loadu_si256((const __m256i *)"
+                   f"({int32_slot(i, f'{j} * 8')})), h{i}{j} = _mm256_setzero_si256();" for i, j in pairs)
+    spill = " ".join(f"_mm256_storeu_si256((__m256i *)({int32_slot(i, f'{j} * 8')}), a{i}{j});" for i, j in pairs)
     loads = " ".join(f"const __m256i x{j} = _mm256_loadu_si256((const __m256i *)(x + {j} * 32));"
                      for j in range(VECTORS))
     madds = " ".join(f"{{ const __m256i b = _mm256_set1_epi32(w[{i}]); "
@@ -70,7 +72,7 @@ def u8_tile(r: int, act: str, steps: int) -> str:
         f" * LD(sx + t + {j} * 8) * ws[n0 + {i}] + bias_of(bias, n0 + {i}); {_ACTIVATIONS[act]} "
         f"ST(yb + (n0 + {i}) * TILE + t + {j} * 8, v); }}" for i, j in pairs)
     body = f"{loads}\n            {madds}\n            if (++steps == {steps}) {{ {widen} steps = 0; }}"
-    return qtile(r, "uint8_t", 4, acc=acc, body=body, stores=stores,
+    return qtile(r, "uint8_t", 4, acc=acc, body=body, stores=stores, spill=spill,
                  consts="    const __m256i ones = _mm256_set1_epi16(1);\n", counters="    int steps = 0;\n",
                  after=f"    {widen}\n")
 

@@ -16,6 +16,7 @@ import numpy as np
 if TYPE_CHECKING:
     from sparta_explore.kernels.bsr_codegen import Groups
 
+ONE_WORD = 4  # entry flag beside 1 (first) and 2 (last): every piece is one word, so kernels run one flat loop
 L1_BUDGET = 24 * 1024  # bytes of packed X per panel: most of a 32 KiB L1 data cache
 
 
@@ -28,19 +29,42 @@ class Panels:
     e_piece0: np.ndarray   # first piece of each entry
     e_piece1: np.ndarray   # one past its last piece
     e_woff: np.ndarray     # packed-weight offset of the entry's first k
-    e_flags: np.ndarray    # 1: first entry of its group, 2: last
+    e_flags: np.ndarray    # 1: first entry of its group, 2: last (kernels add ONE_WORD themselves)
     p_k0: np.ndarray       # first k of each piece
     p_len: np.ndarray      # k count of each piece
     e_ptr: np.ndarray      # [panel * (chunks + 1) + c]: first entry of panel with group >= chunk c's first
+    count: int             # panels
+
+    def one_word_entries(self, word: int) -> np.ndarray:
+        """True for entries whose every piece is a single `word` of k (scattered rows: one flat loop)."""
+        singles = np.concatenate([[0], np.cumsum(self.p_len == word)])
+        return (singles[self.e_piece1] - singles[self.e_piece0] == self.e_piece1 - self.e_piece0) & (
+            self.e_piece1 > self.e_piece0)
 
 
-def panel_rows(tile_floats: int) -> int:
-    """k rows per panel for a tile of `tile_floats` floats per row of packed X."""
-    return max(16, L1_BUDGET // (4 * tile_floats))
+def panel_rows(tile_bytes: int, word: int = 1) -> int:
+    """k rows per panel for `tile_bytes` bytes of packed X per k (a multiple of `word`, at least 16).
+
+    Example:
+        >>> panel_rows(4 * 48), panel_rows(96, word=4)
+        (128, 256)
+    """
+    return max(16, L1_BUDGET // tile_bytes // word * word)
 
 
-def cut_panels(groups: Groups, n_in: int, rows: int, chunk_g0: list[int]) -> Panels:
-    """Cut every group's segments at multiples of `rows`; entries ordered by (panel, group)."""
+def cut_panels(groups: Groups, n_in: int, rows: int, chunk_g0: list[int], word: int = 1) -> Panels:
+    """Cut every group's segments at multiples of `rows`; entries ordered by (panel, group).
+
+    `word` is how many k one packed weight holds (1 fp32, 2 int16 pairs, 4 int8 quads): weight
+    offsets count words, and `rows` must be a multiple of it so no word straddles two panels.
+
+    Example:
+        >>> from sparta_explore.kernels.bsr_codegen import plan_groups
+        >>> cut_panels(plan_groups(np.ones((1, 8), dtype=bool), 1), 8, 4, [0], word=4).e_woff.tolist()
+        [0, 1]
+    """
+    if rows % word:
+        raise ValueError(f"panel rows {rows} must be a multiple of the packed word ({word} k)")
     n_panels = max(1, -(-n_in // rows))
     per_panel: list[list[tuple]] = [[] for _ in range(n_panels)]
     for g in range(len(groups.row0)):
@@ -51,7 +75,7 @@ def cut_panels(groups: Groups, n_in: int, rows: int, chunk_g0: list[int]) -> Pan
             while left > 0:
                 p = k0 // rows
                 length = min(left, (p + 1) * rows - k0)
-                by_panel.setdefault(p, []).append((k0, length, int(groups.w_off[g]) + done * r))
+                by_panel.setdefault(p, []).append((k0, length, int(groups.w_off[g]) + done // word * r))
                 done += length
                 k0 += length
                 left -= length
@@ -76,4 +100,4 @@ def cut_panels(groups: Groups, n_in: int, rows: int, chunk_g0: list[int]) -> Pan
             e_p1.append(len(p_k0))
     as_i = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
     return Panels(rows, as_i(e_group), as_i(e_p0), as_i(e_p1), as_i(e_woff), as_i(e_flags), as_i(p_k0),
-                  as_i(p_len), as_i(e_ptr))
+                  as_i(p_len), as_i(e_ptr), n_panels)

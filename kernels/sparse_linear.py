@@ -30,6 +30,7 @@ from sparta_explore.kernels.compiled_op import CompiledOp
 from sparta_explore.kernels.int8_codegen import (
     generate_int8_source,
     pack_pairs,
+    panel_k_for,
     prepare_groups,
     quantize_rows,
     scattered,
@@ -270,8 +271,9 @@ class Int8SparseLinear(KernelLinear):
         self.register_buffer("weight_scale", torch.from_numpy(scale))
         self._tile = tile_rows_for(variant, self.dot)
         name = "sparse_linear_int8"
+        panel_k = panel_k_for(variant, self.dot, groups, self.in_features)
         source = generate_int8_source(groups, self.out_features, self.in_features, self.activation, name,
-                                      self.act_bits, self.weight_bits, variant, self.dot, self.emulate_dot)
+                                      self.act_bits, self.weight_bits, variant, self.dot, self.emulate_dot, panel_k)
         self.built = build(source, name, cache_dir=cache_dir)
         quads = variant != "int16"
         self._packed = torch.from_numpy(pack_quads(wq, groups) if quads else pack_pairs(wq, groups))

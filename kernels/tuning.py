@@ -28,7 +28,7 @@ CANDIDATES = (TileConfig(4, 3, 6), TileConfig(4, 2, 4), TileConfig(2, 3, 6), Til
 # measured on BERT FFN shapes: 6x2 wins at M=4096 and for 768->3072, 2x4 for 3072->768 at M=128
 SEGMENT_CANDIDATES = (TileConfig(6, 2, 6, layout="segments"), TileConfig(2, 4, 8, layout="segments"))
 MIN_SHARING = 2.0  # rows per (panel, pattern) below which the segment layout only adds spills
-TUNING_VERSION = 6  # 5: scattered rows loop one k at a time; 6: interleaved timing, more rounds at small M
+TUNING_VERSION = 7  # 5: scattered rows loop one k at a time; 6: interleaved timing; 7: flat loop for one-k pieces
 
 
 def candidates(kept: np.ndarray) -> tuple[TileConfig, ...]:

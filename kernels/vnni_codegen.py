@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 from sparta_explore.kernels.bsr_codegen import _ACTIVATIONS
 from sparta_explore.kernels.c_templates import c_fill
-from sparta_explore.kernels.qtile import qtile
+from sparta_explore.kernels.qtile import int32_slot, qtile
 
 
 @dataclass(frozen=True)
@@ -125,8 +125,9 @@ def vnni_prelude(mode: DotMode, emulate: bool) -> str:
 def vnni_tile(r: int, act: str, mode: DotMode) -> str:
     """One register tile: r output rows x mode.vectors vectors of mode.lanes rows of M."""
     v, lanes = mode.vectors_for(r), mode.lanes
-    pairs = [(i, j) for i in range(r) for j in range(v)]
-    acc = " ".join(f"VI a{i}{j} = VZERO();" for i, j in pairs)
+    cells = [(i, j) for i in range(r) for j in range(v)]
+    acc = " ".join(f"VI a{i}{j} = first ? VZERO() : VLOAD({int32_slot(i, str(j * lanes))});" for i, j in cells)
+    spill = " ".join(f"VSTORE({int32_slot(i, str(j * lanes))}, a{i}{j});" for i, j in cells)
     loads = " ".join(f"const VI x{j} = VLOAD(x + {j * lanes * 4});" for j in range(v))
     dots = " ".join(f"{{ const VI b = VBCAST(w[{i}]); "
                     + " ".join(f"a{i}{j} = vdot(a{i}{j}, x{j}, b);" for j in range(v)) + " }"
@@ -135,5 +136,5 @@ def vnni_tile(r: int, act: str, mode: DotMode) -> str:
         f"{{ vf v = __builtin_convertvector(vhalf(a{i}{j}, {h}) - corr[n0 + {i}], vf)"
         f" * LD(sx + t + {j * lanes + 8 * h}) * ws[n0 + {i}] + bias_of(bias, n0 + {i}); {_ACTIVATIONS[act]} "
         f"ST(yb + (n0 + {i}) * TILE + t + {j * lanes + 8 * h}, v); }}"
-        for i, j in pairs for h in range(lanes // 8))
-    return qtile(r, "uint8_t", 4, acc=acc, body=f"{loads}\n            {dots}", stores=stores)
+        for i, j in cells for h in range(lanes // 8))
+    return qtile(r, "uint8_t", 4, acc=acc, body=f"{loads}\n            {dots}", stores=stores, spill=spill)

@@ -26,7 +26,7 @@ import torch
 
 from sparta_explore.cache import atomic_write, content_key, resolve_cache_dir
 
-PROFILE_VERSION = 5  # 4: int8 dense on VNNI kernels; 5: scattered rows step one word at a time (1x1 re-measured)
+PROFILE_VERSION = 6  # 4: int8 dense on VNNI; 5: scattered rows step one word at a time; 6: flat loops, int8 K panels
 BLOCKS: tuple[tuple[int, int], ...] = ((1, 1), (1, 32), (16, 16), (32, 32), (32, 64), (64, 32), (64, 64))
 FP32, INT8 = 32, 8
 

@@ -5,6 +5,7 @@ typedef int8_t VS8 __attribute__((vector_size(${bytes})));
 #define VZERO() ((VI){0})
 static inline VI vload_(const void *p) { VI v; memcpy(&v, p, sizeof v); return v; }
 #define VLOAD(p) vload_(p)
+#define VSTORE(p, v) do { const VI v_ = (v); memcpy((p), &v_, sizeof v_); } while (0)
 #define VBCAST(w) (((VI){0}) + (int32_t)(w))
 static inline VI vdot(VI a, VI x, VI w) {
     const VU8 xb = (VU8)x;

@@ -1,0 +1,86 @@
+"""K panels: every group's k cut at panel bounds with weight offsets intact; int8 kernels exact across panels."""
+
+import numpy as np
+import pytest
+import torch
+
+from sparta_explore.kernels import Int8SparseLinear
+from sparta_explore.kernels import sparse_linear as sparse_linear_module
+from sparta_explore.kernels.bsr_codegen import plan_groups, unit_segments
+from sparta_explore.kernels.build import cpu_flags
+from sparta_explore.kernels.int8_codegen import align_segments, panel_k_for
+from sparta_explore.kernels.panels import cut_panels
+from sparta_explore.kernels.vnni_codegen import DOT_MODES
+
+from .test_sparse_linear import block_mask, check
+
+needs_avx2 = pytest.mark.skipif("avx2" not in cpu_flags(), reason="int8 kernels need AVX2")
+
+
+def quad_groups(kept: np.ndarray, block_rows: int):
+    return unit_segments(align_segments(plan_groups(kept, block_rows, 4), 4), 4)
+
+
+@pytest.mark.parametrize("block", [(1, 1), (4, 8), (32, 32)])
+@pytest.mark.parametrize("rows", [4, 12, 64, 1000])
+def test_pieces_cover_each_group_once_inside_panels_with_their_weight_offsets(block, rows):
+    kept = block_mask(40, 90, block, 0.3).numpy()
+    groups = quad_groups(kept, block[0])
+    panels = cut_panels(groups, 90, rows, [0], word=4)
+    covered: dict[int, list[int]] = {}
+    for e, g in enumerate(panels.e_group):
+        k = [kk for p in range(panels.e_piece0[e], panels.e_piece1[e])
+             for kk in range(panels.p_k0[p], panels.p_k0[p] + panels.p_len[p])]
+        assert len({kk // rows for kk in k}) == 1  # one panel per entry
+        done = sum(len(v) for v in covered.get(int(g), []))
+        assert panels.e_woff[e] == groups.w_off[g] + done // 4 * groups.rows[g]  # offsets count quads
+        covered.setdefault(int(g), []).append(k)
+    for g in range(len(groups.row0)):
+        want = [kk for s in range(groups.seg_ptr[g], groups.seg_ptr[g + 1])
+                for kk in range(groups.seg_k0[s], groups.seg_k0[s] + groups.seg_len[s])]
+        got = sorted(kk for part in covered.get(g, []) for kk in part)
+        assert got == want
+        flags = panels.e_flags[panels.e_group == g]
+        assert flags[0] & 1 and flags[-1] & 2 and not (flags[1:] & 1).any() and not (flags[:-1] & 2).any()
+
+
+def test_one_word_entries_are_exactly_those_of_single_words():
+    kept = np.zeros((3, 64), dtype=bool)
+    kept[0, [0, 9, 40]] = True            # scattered: one quad per piece
+    kept[1, 0:16] = True                  # one run of four quads
+    kept[2, [1, 20]] = True
+    kept[2, 32:48] = True                 # mixed
+    groups = align_segments(plan_groups(kept, 1, 1), 4)
+    panels = cut_panels(groups, 64, 64, [0], word=4)
+    assert panels.one_word_entries(4).tolist() == [True, False, False]
+
+
+def test_panel_rows_must_hold_whole_words():
+    with pytest.raises(ValueError, match="multiple of the packed word"):
+        cut_panels(quad_groups(np.ones((4, 16), dtype=bool), 1), 16, 6, [0], word=4)
+
+
+def test_only_scattered_patterns_outgrowing_l1_take_panels():
+    scattered = quad_groups(block_mask(64, 4096, (1, 1), 0.1).numpy(), 1)
+    blocks = quad_groups(block_mask(64, 4096, (32, 32), 0.1).numpy(), 32)
+    assert panel_k_for("vnni", DOT_MODES["avx512_vnni"], scattered, 4096) > 0
+    assert panel_k_for("vnni", DOT_MODES["avx512_vnni"], scattered, 64) == 0  # X's tile fits L1 whole
+    assert panel_k_for("vnni", DOT_MODES["avx512_vnni"], blocks, 4096) == 0
+
+
+VARIANTS = [dict(dot=None), dict(dot=None, weight_bits=4)] + [dict(dot=m, emulate_dot=True) for m in sorted(DOT_MODES)]
+
+
+@needs_avx2
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v['dot']}-w{v.get('weight_bits', 8)}")
+@pytest.mark.parametrize("block", [(1, 1), (1, 32), (16, 16)])
+@pytest.mark.parametrize("act", ["none", "gelu"])
+def test_int8_kernels_are_exact_over_many_panels(tmp_path, monkeypatch, variant, block, act):
+    # 8 k per panel: every group spills and reloads its int32 sums several times, on every variant
+    monkeypatch.setattr(sparse_linear_module, "panel_k_for", lambda *args: 8)
+    n, k = 37, 70
+    layer = Int8SparseLinear(torch.randn(n, k), torch.randn(n), block_mask(n, k, block, 0.3), block_rows=block[0],
+                             activation=act, cache_dir=tmp_path, **variant)
+    assert layer.fallback_reason is None
+    for m in (1, 50, 300):
+        check(layer, m, k)
