@@ -91,9 +91,9 @@ def main() -> None:
                 kept, rows = pattern_mask(n, k, pattern, sparsity, g)
                 masked = w * kept
                 ours = SparseLinear(w, b, kept, block_rows=rows, tile="auto", expected_m=m)
-                ours8 = Int8SparseLinear(w, b, kept, block_rows=rows)
-                ours4 = Int8SparseLinear(w, b, kept, block_rows=rows, weight_bits=4)
-                avx2_8 = Int8SparseLinear(w, b, kept, block_rows=rows, dot=None)
+                ours8 = Int8SparseLinear(w, b, kept, block_rows=rows, expected_m=m)
+                ours4 = Int8SparseLinear(w, b, kept, block_rows=rows, weight_bits=4, expected_m=m)
+                avx2_8 = Int8SparseLinear(w, b, kept, block_rows=rows, dot=None, expected_m=m)
                 csr = masked.to_sparse_csr()
                 lin = nn.Linear(k, n)
                 with torch.no_grad():

@@ -129,7 +129,7 @@ def run_linear(case: Case, repeats: int) -> dict[str, np.ndarray]:
             ours = SparseLinear(w, b, kept, block_rows=rows, tile="auto", expected_m=case.m)
             case.notes.append("fallback: " + str(ours.fallback_reason) if ours.fallback_reason else "sparse fp32")
         else:
-            ours = Int8SparseLinear(w, b, kept, block_rows=rows)
+            ours = Int8SparseLinear(w, b, kept, block_rows=rows, expected_m=case.m)
             case.notes.append(f"{ours.variant} ({ours.dot_path})")
         case.ours_err = rel_err(ours(x), F.linear(x, masked, b))
         case.ours_ms = medians([lambda: ours(x)], repeats)[0] * 1e3

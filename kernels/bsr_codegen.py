@@ -256,6 +256,26 @@ def _chunks(groups: Groups, n_out: int, empty: np.ndarray) -> tuple[list[int], .
 UNPACK_TILE = c_text("unpack_tile.c")
 
 
+def entry_loop(n_panels: int, dispatch: str, finish: str) -> str:
+    """C that runs a work item's panel entries chunk by chunk (`dispatch`: the switch cases on G_ROWS),
+    then `finish` (see `finish_tile`) on each chunk's rows: they are still in L2 when they go to Y,
+    while X's panels pass through L1.
+    """
+    return f"""            for (long c = c0; c < c1; ++c) {{
+                for (long p = 0; p < {n_panels}; ++p)
+                    for (long e = E_PTR[p * (N_CHUNKS + 1) + c]; e < E_PTR[p * (N_CHUNKS + 1) + c + 1]; ++e) {{
+                        switch (G_ROWS[E_G[e]]) {{
+{dispatch}
+                        }}
+                    }}
+                {{
+                    const long c0 = c, c1 = c + 1;  /* finish this chunk alone */
+{finish}
+                }}
+            }}
+"""
+
+
 def finish_tile(act: str, before_unpack: str = "") -> str:
     """C that ends a work item: rows no kept weight reaches get act(bias), then the tile goes to Y.
 
@@ -363,17 +383,9 @@ def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, n
     tables += entry_tables(panels, flags) + _array("P_K0", panels.p_k0) + _array("P_LEN", panels.p_len)
     n_panels = panels.count
     dispatch = "\n".join(
-        f"                    case {r}: " + " ".join(f"tile{r}(xt, yb, {j} * {cfg.vectors_for(r)} * VEC, e, W, bias);"
-                                          for j in range(cfg.tile_vectors // cfg.vectors_for(r))) + " break;"
+        f"{' ' * 24}case {r}: " + " ".join(f"tile{r}(xt, yb, {j} * {cfg.vectors_for(r)} * VEC, e, W, bias);"
+                                         for j in range(cfg.tile_vectors // cfg.vectors_for(r))) + " break;"
         for r in range(1, cfg.rows + 1))
     tiles = "".join(_tile_function(r, act, cfg.vectors_for(r)) for r in range(1, cfg.rows + 1))
-    body = f"""            for (long p = 0; p < {n_panels}; ++p) {{  /* panel by panel: the panel of xt stays in L1 */
-                for (long e = E_PTR[p * (N_CHUNKS + 1) + c0]; e < E_PTR[p * (N_CHUNKS + 1) + c1]; ++e) {{
-                    switch (G_ROWS[E_G[e]]) {{
-{dispatch}
-                    }}
-                }}
-            }}
-{finish_tile(act)}
-"""
+    body = entry_loop(n_panels, dispatch, finish_tile(act))
     return fp32_source(vec, cfg, n_in, n_out, n_chunks, tables + tiles, fp32_driver(name, body))

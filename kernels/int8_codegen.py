@@ -32,6 +32,7 @@ from sparta_explore.kernels.bsr_codegen import (
     _array,
     _vectors,
     act_rows_wide,
+    entry_loop,
     entry_tables,
     finish_tile,
     pattern_tables,
@@ -280,6 +281,6 @@ def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: 
     entries = (entry_tables(panels, flags) + _array("P_XOFF", panels.p_k0 // k_group * tile_rows * k_group, "int32_t")
                + _array("P_WORDS", panels.p_len // k_group, "int32_t"))
     return c_fill("int8_kernel.c", level=level, tile_rows=tile_rows, n_in=n_in, k_pad=k_pad, n_out=n_out,
-                  n_chunks=n_chunks, n_panels=panels.count, prelude=_PRELUDE, extra=extra, tables=tables + entries,
+                  n_chunks=n_chunks, prelude=_PRELUDE, extra=extra, tables=tables + entries,
                   tiles=tiles, unpack=UNPACK_TILE,
-                  row_scale=ROW_SCALE, pack=pack, name=name, elem=elem, dispatch=dispatch, finish=finish)
+                  row_scale=ROW_SCALE, pack=pack, name=name, elem=elem, loop=entry_loop(panels.count, dispatch, finish))

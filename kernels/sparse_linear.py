@@ -38,7 +38,7 @@ from sparta_explore.kernels.int8_codegen import (
 )
 from sparta_explore.kernels.lowbit_codegen import offset_correction, pack_quads
 from sparta_explore.kernels.segment_codegen import generate_segment_source, pack_segment_weights, plan_segments
-from sparta_explore.kernels.vnni_codegen import DotMode, dot_mode, for_scattered, native_dot_mode
+from sparta_explore.kernels.vnni_codegen import WIDE_MIN_M, DotMode, dot_mode, for_scattered, native_dot_mode
 
 _ACT = {name: act.torch_fn for name, act in ACTIVATIONS.items()}  # the one table: sparta_explore/activations.py
 
@@ -104,6 +104,7 @@ class KernelLinear(CompiledOp):
         if not isinstance(tile, TileConfig):
             raise ValueError(f"tile must be a TileConfig or 'auto', got {tile!r}")
         self.tile = tile
+        self.expected_m = int(expected_m)
         try:
             self._build(kept.cpu().numpy().astype(bool), max(1, int(block_rows)), cache_dir)
             if check:
@@ -230,7 +231,8 @@ class Int8SparseLinear(KernelLinear):
     and loop steps decide between quads and pairs (`int8_codegen.prepare_groups`). `dot`:
     "auto" (from the CPU flags), None (no VNNI), or a mode of `vnni_codegen.DOT_MODES`;
     `emulate_dot=True` runs that mode's exact portable C (tests on CPUs without VNNI).
-    `dot_path` names what ran, e.g. "avx512_vnni (emulated)".
+    `dot_path` names what ran, e.g. "avx512_vnni (emulated)". `expected_m` (rows per call)
+    decides whether scattered patterns take the wide one-row VNNI tiles (`WIDE_MIN_M`).
 
     Example:
         >>> q = Int8SparseLinear(lin.weight, lin.bias, kept, block_rows=32)  # doctest: +SKIP
@@ -264,7 +266,7 @@ class Int8SparseLinear(KernelLinear):
         if "avx2" not in cpu_flags():
             raise ValueError("int8 kernels need AVX2")
         groups, variant = prepare_groups(kept, block_rows, self.weight_bits, self.act_bits, self.dot)
-        if variant == "vnni" and self.dot is not None and scattered(groups, 4):
+        if variant == "vnni" and self.dot is not None and scattered(groups, 4) and self.expected_m >= WIDE_MIN_M:
             self.dot = for_scattered(self.dot)
         wq, scale = quantize_rows(self.weight.numpy(), kept, self.weight_bits)
         self.register_buffer("weight_q", torch.from_numpy(wq))

@@ -76,6 +76,12 @@ register_dot_mode(DotMode("avx_vnni", lanes=8, vectors=3, rows=3, needs=frozense
                           intrinsic="_mm256_dpbusd_avx_epi32(a, x, w)", cost=0.95, single_vectors=6))
 
 
+# Below this many rows per call the wide tiles waste their ragged last tile and leave threads idle:
+# 90% unstructured, 2 threads, M = 128: wide 0.40 / 0.47 ms vs narrow 0.32 / 0.34 ms (3072x768 / 768x3072);
+# M = 384: wide 0.84 vs 0.89 ms; M = 1024: even.
+WIDE_MIN_M = 384
+
+
 def for_scattered(mode: DotMode) -> DotMode:
     """`mode` with one-row tiles twice as wide in M, for patterns whose loops step one quad at a time.
 

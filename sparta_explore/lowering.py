@@ -108,7 +108,7 @@ def _sparse_linear(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.M
 def _int8_linear(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Module:
     return Int8SparseLinear(part_weight(ctx.module, sub), bias, sub.mask, block_rows=sub.block[0],
                             activation=activation, cache_dir=ctx.cache_dir, weight_bits=sub.weight_bits,
-                            act_bits=sub.act_bits)
+                            act_bits=sub.act_bits, expected_m=ctx.m)
 
 
 @register_builder("dense", "conv")

@@ -5,7 +5,6 @@
 #define K_PAD ${k_pad}L
 #define N_OUT ${n_out}L
 #define N_CHUNKS ${n_chunks}L
-#define N_PANELS ${n_panels}L
 #include <stdlib.h>
 #include <stdint.h>
 #include <math.h>
@@ -42,19 +41,7 @@ void ${name}(const float *X, float *Y, long M, const int32_t *W, const int32_t *
             if (split == 1) pack_tile(X, xb, sb, m0, mt);
             const ${elem} *xq = split == 1 ? xb : sq + tile * K_PAD * TILE;
             const float *sx = split == 1 ? sb : ss + tile * TILE;
-            for (long c = c0; c < c1; ++c) {  /* a chunk's rows of yb stay in L2 while X's panels pass through L1 */
-                for (long p = 0; p < N_PANELS; ++p)
-                    for (long e = E_PTR[p * (N_CHUNKS + 1) + c]; e < E_PTR[p * (N_CHUNKS + 1) + c + 1]; ++e) {
-                        switch (G_ROWS[E_G[e]]) {
-${dispatch}
-                        }
-                    }
-                {  /* and go to Y from there */
-                    const long c0 = c, c1 = c + 1;
-${finish}
-                }
-            }
-        }
+${loop}        }
         free(xb);
         free(sb);
         free(yb);

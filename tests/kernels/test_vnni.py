@@ -51,6 +51,25 @@ def test_scattered_patterns_run_wide_one_row_tiles_exactly(tmp_path, monkeypatch
 
 @needs_avx2
 @pytest.mark.parametrize("mode", MODES)
+def test_small_m_keeps_narrow_tiles_on_scattered_patterns(tmp_path, monkeypatch, mode):
+    # at M = 128 a wide tile leaves a ragged 32-row tail and one thread idle: the narrow tiles run
+    from dataclasses import replace
+
+    from sparta_explore.kernels.vnni_codegen import WIDE_MIN_M
+
+    monkeypatch.setitem(DOT_MODES, mode, replace(DOT_MODES[mode], cost=0.01))
+    kept = block_mask(40, 300, (1, 1), 0.08)
+    w, b = torch.randn(40, 300), torch.randn(40)
+    small = Int8SparseLinear(w, b, kept, dot=mode, emulate_dot=True, cache_dir=tmp_path, expected_m=WIDE_MIN_M - 1)
+    large = Int8SparseLinear(w, b, kept, dot=mode, emulate_dot=True, cache_dir=tmp_path, expected_m=WIDE_MIN_M)
+    assert small.dot.vectors_for(1) == DOT_MODES[mode].vectors_for(1)
+    assert large.dot.vectors_for(1) == max(DOT_MODES[mode].vectors_for(1), 2 * DOT_MODES[mode].vectors)
+    for m in (1, 128):
+        check(small, m, 300)
+
+
+@needs_avx2
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("act", ["relu", "gelu"])
 @pytest.mark.parametrize("weight_bits,act_bits", [(8, 8), (4, 8), (8, 4)])
 def test_emulated_vnni_with_activations_and_narrow_grids(tmp_path, mode, act, weight_bits, act_bits):
