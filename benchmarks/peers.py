@@ -24,7 +24,8 @@ peer venv, import error, crash, unsupported CPU) one line says why, ours is stil
 the DeepSparse columns read nan, and the exit code stays 0.
 
     make bench-peers ARGS=--quick                      # creates .venv-peers first
-    .venv/bin/python benchmarks/peers.py [--quick] [--repeats 5] [--peer-python .venv-peers/bin/python]
+    make bench-peers ARGS=--isa=avx2                   # both sides as on an AVX2 + FMA CPU
+    .venv/bin/python benchmarks/peers.py [--quick] [--isa avx2] [--repeats 5] [--peer-python .venv-peers/bin/python]
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ from kernels import medians, pattern_mask  # benchmarks/kernels.py: this script'
 from sparta_explore.compile import compile
 from sparta_explore.compile_config import CompileConfig
 from sparta_explore.device import cpu_model
-from sparta_explore.kernels import Int8SparseLinear, SparseLinear, cpu_flags
+from sparta_explore.kernels import Int8SparseLinear, SparseLinear, cpu_flags, set_target_isa, target_isa
+from sparta_explore.kernels.build import ISA_CEILINGS
 from sparta_explore.pruners import masks_to_table
 from sparta_explore.quantizers import quantize
 from sparta_explore.quantizers.uniform import UniformQuantConfig
@@ -193,7 +195,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
 
 
-def run_peer(peer_python: Path, rows: list[Case], tmp: Path, repeats: int, threads: int) -> str | None:
+def run_peer(peer_python: Path, rows: list[Case], tmp: Path, repeats: int, threads: int, isa: str) -> str | None:
     """Run the DeepSparse worker on every case; fill `case.ds`. Returns why DeepSparse did not run, or None.
 
     A case that crashes the worker (a signal, not a Python exception) is marked failed and the
@@ -206,6 +208,8 @@ def run_peer(peer_python: Path, rows: list[Case], tmp: Path, repeats: int, threa
                                 for c in rows]))
     out = tmp / "ds.jsonl"
     env = dict(os.environ, NM_DISABLE_ANALYTICS="1", OMP_NUM_THREADS=str(threads))
+    if isa != "native":
+        env["NM_ARCH"] = isa  # DeepSparse's own switch: it loads its build for that instruction set
     crashed: dict[str, str] = {}
     for _ in range(len(rows) + 1):
         done = {r["id"] for r in read_jsonl(out) if "started" not in r}
@@ -243,7 +247,9 @@ def print_table(rows: list[Case], threads: int, failure: str | None, load: float
     flags = cpu_flags()
     versions = next((c.ds for c in rows if "engine" in c.ds), next((c.ds for c in rows if "deepsparse" in c.ds), {}))
     engine = versions.get("engine", {})
-    print(f"cpu: {cpu_model()} | flags: " + " ".join(f"{f}={'yes' if f in flags else 'no'}" for f in FLAGS))
+    print(f"cpu: {cpu_model()} | flags: " + " ".join(f"{f}={'yes' if f in flags else 'no'}" for f in FLAGS)
+          + ("" if target_isa() == "native" else f" (ISA ceiling {target_isa()} set on this CPU: its clocks and "
+                                                 "caches, narrower instructions)"))
     print(f"threads={threads} (ours: torch.set_num_threads, DeepSparse: num_cores) torch={torch.__version__} "
           f"deepsparse={versions.get('deepsparse', '-')}"
           + (f" (engine: {engine.get('avx')}, vnni={engine.get('vnni')}, int8 graph {versions.get('int8')})"
@@ -275,8 +281,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="ours: torch threads; DeepSparse: num_cores")
     parser.add_argument("--peer-python", type=Path, default=HERE.parent / ".venv-peers" / "bin" / "python",
                         help="python of the venv that has deepsparse==1.8.0 (make bench-peers creates it)")
+    parser.add_argument("--isa", choices=sorted(ISA_CEILINGS), default="native",
+                        help="avx2: both sides run as on an AVX2 + FMA CPU (ours: no AVX-512/VNNI flags, gcc "
+                             "-mno-avx512f -mno-avxvnni; DeepSparse: NM_ARCH=avx2)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    set_target_isa(args.isa)
     warnings.simplefilter("ignore")
     rows = cases(args.quick)
     load_before = os.getloadavg()[0]
@@ -289,7 +299,7 @@ def main() -> None:
             if not path.exists():
                 np.savez(path, **{k: np.ascontiguousarray(v, dtype=np.float32) for k, v in data.items()})
         print(f"DeepSparse: {len(rows)} cases under {args.peer_python} ...", flush=True)
-        failure = run_peer(args.peer_python, rows, tmp, args.repeats, args.threads)
+        failure = run_peer(args.peer_python, rows, tmp, args.repeats, args.threads, args.isa)
     print()
     print_table(rows, args.threads, failure, load_before)
 

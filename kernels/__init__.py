@@ -9,11 +9,19 @@ Example:
     >>> layer = SparseLinear(linear.weight, linear.bias, tesa.kept, block_rows=32)  # doctest: +SKIP
 """
 
-from sparta_explore.kernels.build import KernelBuildError, build, compiler_available, cpu_flags, vector_width
+from sparta_explore.kernels.build import (
+    KernelBuildError,
+    build,
+    compiler_available,
+    cpu_flags,
+    set_target_isa,
+    target_isa,
+    vector_width,
+)
 from sparta_explore.kernels.compiled_op import CompiledOp, KernelGradError, KernelInputError
 from sparta_explore.kernels.shrink import ShrunkLinear
 from sparta_explore.kernels.sparse_linear import Int8SparseLinear, KernelFallbackWarning, KernelLinear, SparseLinear
 
 __all__ = ["CompiledOp", "Int8SparseLinear", "KernelBuildError", "KernelFallbackWarning", "KernelGradError",
            "KernelInputError", "KernelLinear", "ShrunkLinear", "SparseLinear", "build", "compiler_available",
-           "cpu_flags", "vector_width"]
+           "cpu_flags", "set_target_isa", "target_isa", "vector_width"]

@@ -81,9 +81,46 @@ def warn_compiler_missing() -> None:
                   CompilerMissingWarning, stacklevel=3)
 
 
-@functools.lru_cache(maxsize=1)
+# Instruction-set ceilings below the CPU's own: the flags they hide and the gcc options that keep
+# -march=native code under them. "avx2" runs an AVX-512 VNNI machine as an AVX2 + FMA one
+# (for the AVX2 peers table and for checking the AVX2 paths where no such machine is at hand).
+ISA_CEILINGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "native": ((), ()),
+    "avx2": (("avx512", "avx_vnni", "amx"), ("-mno-avx512f", "-mno-avxvnni")),
+}
+_ceiling = ["native"]  # process-wide, like torch.set_num_threads: set_target_isa changes it
+
+
+def set_target_isa(name: str) -> None:
+    """Build and choose kernels as if the CPU had no instruction set above `name` ("native" undoes it).
+
+    Every cache key holds the flags, so kernels, tile choices and device profiles made under a
+    ceiling never mix with native ones. Timings still come from this CPU (its clocks and caches).
+
+    Example:
+        >>> set_target_isa("avx2"); vector_width()
+        8
+        >>> set_target_isa("native")
+    """
+    if name not in ISA_CEILINGS:
+        raise ValueError(f"unknown target ISA {name!r}; choose from {sorted(ISA_CEILINGS)}")
+    _ceiling[0] = name
+
+
+def target_isa() -> str:
+    """The ceiling `set_target_isa` set: "native" unless lowered."""
+    return _ceiling[0]
+
+
 def cpu_flags() -> frozenset[str]:
-    """The CPU feature flags (from /proc/cpuinfo), part of every cache key."""
+    """The CPU feature flags (from /proc/cpuinfo) under the target ISA ceiling, part of every cache key."""
+    hidden = ISA_CEILINGS[_ceiling[0]][0]
+    return frozenset(f for f in native_cpu_flags() if not f.startswith(hidden))
+
+
+@functools.lru_cache(maxsize=1)
+def native_cpu_flags() -> frozenset[str]:
+    """The CPU's own feature flags, from /proc/cpuinfo."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
@@ -199,7 +236,7 @@ def build(source: str, name: str, *, cache_dir: str | os.PathLike | None = None,
         >>> lib.add(2, 3)
         5
     """
-    flags = FLAGS + tuple(extra_flags)
+    flags = FLAGS + ISA_CEILINGS[_ceiling[0]][1] + tuple(extra_flags)
     cc = compiler_version()
     if cc is None:
         raise KernelBuildError(f"cannot build {name}: no C compiler ({COMPILER!r} is not on PATH)")

@@ -5,6 +5,18 @@ import pytest
 from sparta_explore.zoo import load_digits_split, pretrained
 
 
+def pytest_addoption(parser):
+    parser.addoption("--isa", default="native", choices=("native", "avx2"),
+                     help="run every kernel as on a CPU with nothing above this instruction set "
+                          "(avx2: checks the AVX2 paths on an AVX-512 machine)")
+
+
+def pytest_configure(config):
+    from sparta_explore.kernels import set_target_isa
+
+    set_target_isa(config.getoption("--isa"))
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory):
     """A private cache for the session: tests never read or write the user's cache."""

@@ -1,6 +1,8 @@
 """The build cache: content-keyed, atomic under concurrent builders, validated on load, clear without gcc."""
 
 import multiprocessing as mp
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -55,7 +57,10 @@ def test_isa_detection_is_consistent():
     assert vector_width() == (16 if "avx512f" in cpu_flags() else 8)
 
 
-def _child_build(cache_dir, source, name, queue):
+def _child_build(cache_dir, source, name, queue, isa):
+    from sparta_explore.kernels.build import set_target_isa
+
+    set_target_isa(isa)  # the parent's ceiling (a spawned process starts native)
     built = build(source, name, cache_dir=cache_dir)
     queue.put(str(built.path))
 
@@ -64,7 +69,9 @@ def _built_elsewhere(tmp_path, source, name):
     # built in a child process, so this process never dlopens the file the test then damages
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_child_build, args=(str(tmp_path), source, name, queue))
+    from sparta_explore.kernels.build import target_isa
+
+    proc = ctx.Process(target=_child_build, args=(str(tmp_path), source, name, queue, target_isa()))
     proc.start()
     proc.join(60)
     return Path(queue.get(timeout=5))
@@ -142,3 +149,56 @@ def test_without_gcc_compile_runs_on_pytorch_with_one_warning(no_compiler, tmp_p
     assert torch.allclose(cm(x), ref(x), atol=1e-5)
     device = se.device.DeviceProfile.load_or_measure(quick=True, cache_dir=tmp_path)
     assert device.blocks == () and device.bits == (32,)
+
+
+@pytest.fixture
+def avx2_ceiling():
+    from sparta_explore.kernels.build import set_target_isa, target_isa
+
+    before = target_isa()  # `pytest --isa avx2` sets one for the whole session
+    set_target_isa("avx2")
+    try:
+        yield
+    finally:
+        set_target_isa(before)
+
+
+VECTOR_LOOP = "void scale(float *x, int n) { for (int i = 0; i < n; ++i) x[i] *= 3.0f; }"
+
+
+@pytest.mark.skipif(not compiler_available() or "avx2" not in cpu_flags(), reason="needs gcc and an AVX2 CPU")
+def test_an_avx2_ceiling_hides_wider_flags_and_builds_apart(tmp_path, avx2_ceiling):
+    import ctypes
+
+    import torch
+
+    from sparta_explore.kernels import Int8SparseLinear, SparseLinear
+    from sparta_explore.kernels.build import native_cpu_flags, target_isa
+
+    assert target_isa() == "avx2" and vector_width() == 8
+    assert not any(f.startswith(("avx512", "avx_vnni")) for f in cpu_flags()) and "avx2" in cpu_flags()
+    built = build(VECTOR_LOOP, "scale", cache_dir=tmp_path)
+    assert not built.cached
+    x = (ctypes.c_float * 37)(*range(37))
+    built.lib.scale(x, 37)
+    assert list(x) == [3.0 * i for i in range(37)]
+    if "avx512f" in native_cpu_flags() and shutil.which("objdump"):  # -march=native emits no 512-bit code
+        listing = subprocess.run(["objdump", "-d", str(built.path)], capture_output=True, text=True).stdout
+        assert "ymm" in listing and "zmm" not in listing
+    w, kept = torch.randn(24, 40), torch.rand(24, 40) < 0.3
+    fp32 = SparseLinear(w, None, kept, cache_dir=tmp_path)
+    int8 = Int8SparseLinear(w, None, kept, cache_dir=tmp_path)
+    assert fp32.fallback_reason is None and int8.fallback_reason is None
+    assert int8.dot_path.startswith("avx2")
+    xs = torch.randn(50, 40)
+    assert torch.allclose(fp32(xs), fp32.reference(xs), atol=1e-4)
+    assert torch.allclose(int8(xs), int8.reference(xs), atol=1e-3)
+
+
+def test_unknown_target_isa_is_refused():
+    from sparta_explore.kernels.build import set_target_isa, target_isa
+
+    before = target_isa()
+    with pytest.raises(ValueError, match="unknown target ISA 'sse'"):
+        set_target_isa("sse")
+    assert target_isa() == before
