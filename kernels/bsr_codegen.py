@@ -289,11 +289,12 @@ def finish_tile(act: str, before_unpack: str = "") -> str:
 {before_unpack}            unpack_tile(yb, Y, m0, mt, C_N0[c0], C_N1[c1 - 1]);"""
 
 
-_WIDE_NAMES = {"vf": "wf", "vi": "wi", "vsel": "wsel", "vexp": "wexp", "verf": "werf", "LD": "WLD", "ST": "WST"}
+_WIDE_NAMES = {"vf": "wf", "vi": "wi", "vsel": "wsel", "vexp_neg": "wexp_neg", "vgelu": "wgelu", "LD": "WLD",
+               "ST": "WST"}
 
 
 def widen(c: str) -> str:
-    """The vector prelude's C (or an activation statement) on 16-float vectors: wf, wsel, wexp, werf.
+    """The vector prelude's C (or an activation statement) on 16-float vectors: wf, wsel, wexp_neg, wgelu.
 
     For kernels whose vectors are 8 floats on a CPU with 16-float registers: their activation
     can run as a separate pass over rows at twice the width (`act_rows_wide`).

@@ -53,7 +53,7 @@ def _identity(y: torch.Tensor) -> torch.Tensor:
 
 register_activation(Activation("none", "", _identity))
 register_activation(Activation("relu", "v = vsel(v > zero, v, zero);", F.relu, (nn.ReLU, F.relu, torch.relu, "relu")))
-# exact-erf GELU, 0.5 v (1 + erf(v / sqrt 2)), erf by Abramowitz-Stegun 7.1.26 (|err| < 1.5e-7); only
-# approximate="none" GELU modules are fused (the planner checks)
-register_activation(Activation("gelu", "v = 0.5f * v * (one + verf(v * 0.70710678118654752f));", F.gelu,
+# exact-erf GELU, v * Phi(v), Phi by Abramowitz-Stegun 7.1.26 (|err| < 1.5e-7; vgelu in
+# kernels/templates/vector_prelude.c); only approximate="none" GELU modules are fused (the planner checks)
+register_activation(Activation("gelu", "v = vgelu(v);", F.gelu,
                                (nn.GELU, F.gelu)))

@@ -186,4 +186,4 @@ def test_gelu_runs_as_a_wide_pass_on_16_lane_modes_only():
         src = generate_int8_source(groups, 32, 64, "gelu", "f", variant=variant, dot=dot, emulate=True)
         tiles = src[src.index("qtile1("):src.index("void f(")]
         assert ("act_rows(yb" in src) == (dot.lanes == 16)
-        assert ("verf(" in tiles) == (dot.lanes != 16)
+        assert ("vgelu(" in tiles) == (dot.lanes != 16)
