@@ -347,18 +347,17 @@ def fp32_source(vec: int, cfg: TileConfig, n_in: int, n_out: int, n_chunks: int,
 
 
 def pattern_tables(groups: Groups, n_out: int, act: str) -> tuple[str, list[int]]:
-    """The constant tables every kernel of a pattern bakes in (groups, segments, empty rows, chunks)."""
+    """The constant tables every kernel of a pattern bakes in (group rows, empty rows, chunk row ranges)."""
     if act not in _ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {act!r}")
     empty_rows = np.ones(n_out, dtype=bool)
     for r0, r in zip(groups.row0, groups.rows):
         empty_rows[r0:r0 + r] = False
     empty = np.flatnonzero(empty_rows)
-    g0, g1, n0, n1, ep = _chunks(groups, n_out, empty)
-    tables = (_array("G_ROW0", groups.row0) + _array("G_ROWS", groups.rows) + _array("G_SEGPTR", groups.seg_ptr)
-              + _array("G_SEGK0", groups.seg_k0) + _array("G_SEGLEN", groups.seg_len)
-              + _array("G_WOFF", groups.w_off) + _array("EMPTY_ROWS", empty) + _array("C_G0", g0)
-              + _array("C_G1", g1) + _array("C_N0", n0) + _array("C_N1", n1) + _array("C_EPTR", ep))
+    g0, _, n0, n1, ep = _chunks(groups, n_out, empty)
+    # segments reach the C as panel entries and pieces (`entry_tables`), not as G_SEG* tables
+    tables = (_array("G_ROW0", groups.row0) + _array("G_ROWS", groups.rows) + _array("EMPTY_ROWS", empty)
+              + _array("C_N0", n0) + _array("C_N1", n1) + _array("C_EPTR", ep))
     return tables, g0
 
 

@@ -31,8 +31,8 @@ def qtile(r: int, elem: str, word: int, *, acc: str, body: str, stores: str, spi
     before the loop and after it.
 
     Example:
-        >>> qtile(1, "uint8_t", 4, acc="", body="", stores="", spill="").count("/ 4")
-        2
+        >>> qtile(1, "uint8_t", 4, acc="", body="", stores="", spill="").count("x += 4 * TILE")
+        1
     """
     return c_fill("qtile.c", r=r, elem=elem, word=word, one_word=ONE_WORD, acc=acc, body=body, stores=stores,
                   spill=spill, head=head, consts=consts, counters=counters, after=after)
