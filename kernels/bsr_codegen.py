@@ -361,10 +361,10 @@ def pattern_tables(groups: Groups, n_out: int, act: str) -> tuple[str, list[int]
     return tables, g0
 
 
-def entry_tables(panels: Panels, flags: np.ndarray) -> str:
-    """The C tables of panel entries (E_*; kernels/panels.py) with these `flags`; pieces are the caller's."""
+def entry_tables(panels: Panels) -> str:
+    """The C tables of panel entries (E_*; kernels/panels.py); the pieces' tables are the caller's."""
     return (_array("E_G", panels.e_group) + _array("E_P0", panels.e_piece0) + _array("E_P1", panels.e_piece1)
-            + _array("E_WOFF", panels.e_woff) + _array("E_FLAGS", flags) + _array("E_PTR", panels.e_ptr))
+            + _array("E_WOFF", panels.e_woff) + _array("E_FLAGS", panels.e_flags) + _array("E_PTR", panels.e_ptr))
 
 
 def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, name: str,
@@ -379,8 +379,7 @@ def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, n
     tables, chunk_g0 = pattern_tables(groups, n_out, act)
     n_chunks = len(chunk_g0)
     panels = cut_panels(groups, n_in, panel_rows(4 * cfg.tile_vectors * vec) if cfg.panel else max(1, n_in), chunk_g0)
-    flags = panels.e_flags | np.where(panels.one_word_entries(1), ONE_WORD, 0)
-    tables += entry_tables(panels, flags) + _array("P_K0", panels.p_k0) + _array("P_LEN", panels.p_len)
+    tables += entry_tables(panels) + _array("P_K0", panels.p_k0) + _array("P_LEN", panels.p_len)
     n_panels = panels.count
     dispatch = "\n".join(
         f"{' ' * 24}case {r}: " + " ".join(f"tile{r}(xt, yb, {j} * {cfg.vectors_for(r)} * VEC, e, W, bias);"

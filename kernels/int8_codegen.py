@@ -42,7 +42,7 @@ from sparta_explore.kernels.bsr_codegen import (
 )
 from sparta_explore.kernels.c_templates import c_fill, c_text
 from sparta_explore.kernels.lowbit_codegen import ROWS, U8_PACK, VECTORS, accumulate_steps, u8_tile
-from sparta_explore.kernels.panels import L1_BUDGET, ONE_WORD, cut_panels, panel_rows
+from sparta_explore.kernels.panels import L1_BUDGET, cut_panels, panel_rows
 from sparta_explore.kernels.qtile import int32_slot, qtile
 from sparta_explore.kernels.vnni_codegen import DotMode, vnni_prelude, vnni_tile
 
@@ -277,8 +277,7 @@ def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: 
         for r, m in rows_per_call.items())
     k_pad = -(-n_in // k_group) * k_group
     panels = cut_panels(groups, n_in, panel_k or k_pad, chunk_g0, k_group)
-    flags = panels.e_flags | np.where(panels.one_word_entries(k_group), ONE_WORD, 0)
-    entries = (entry_tables(panels, flags) + _array("P_XOFF", panels.p_k0 // k_group * tile_rows * k_group, "int32_t")
+    entries = (entry_tables(panels) + _array("P_XOFF", panels.p_k0 // k_group * tile_rows * k_group, "int32_t")
                + _array("P_WORDS", panels.p_len // k_group, "int32_t"))
     return c_fill("int8_kernel.c", level=level, tile_rows=tile_rows, n_in=n_in, k_pad=k_pad, n_out=n_out,
                   n_chunks=n_chunks, prelude=_PRELUDE, extra=extra, tables=tables + entries,

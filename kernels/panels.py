@@ -29,17 +29,11 @@ class Panels:
     e_piece0: np.ndarray   # first piece of each entry
     e_piece1: np.ndarray   # one past its last piece
     e_woff: np.ndarray     # packed-weight offset of the entry's first k
-    e_flags: np.ndarray    # 1: first entry of its group, 2: last (kernels add ONE_WORD themselves)
+    e_flags: np.ndarray    # 1: first entry of its group, 2: last, ONE_WORD: every piece is one word
     p_k0: np.ndarray       # first k of each piece
     p_len: np.ndarray      # k count of each piece
     e_ptr: np.ndarray      # [panel * (chunks + 1) + c]: first entry of panel with group >= chunk c's first
     count: int             # panels
-
-    def one_word_entries(self, word: int) -> np.ndarray:
-        """True for entries whose every piece is a single `word` of k (scattered rows: one flat loop)."""
-        singles = np.concatenate([[0], np.cumsum(self.p_len == word)])
-        return (singles[self.e_piece1] - singles[self.e_piece0] == self.e_piece1 - self.e_piece0) & (
-            self.e_piece1 > self.e_piece0)
 
 
 def panel_rows(tile_bytes: int, word: int = 1) -> int:
@@ -56,7 +50,8 @@ def cut_panels(groups: Groups, n_in: int, rows: int, chunk_g0: list[int], word: 
     """Cut every group's segments at multiples of `rows`; entries ordered by (panel, group).
 
     `word` is how many k one packed weight holds (1 fp32, 2 int16 pairs, 4 int8 quads): weight
-    offsets count words, and `rows` must be a multiple of it so no word straddles two panels.
+    offsets count words, `rows` must be a multiple of it so no word straddles two panels, and
+    entries whose pieces are all one word are flagged `ONE_WORD` (kernels run them as one flat loop).
 
     Example:
         >>> from sparta_explore.kernels.bsr_codegen import plan_groups
@@ -81,7 +76,8 @@ def cut_panels(groups: Groups, n_in: int, rows: int, chunk_g0: list[int], word: 
                 left -= length
         order = sorted(by_panel)
         for i, p in enumerate(order):
-            flags = (1 if i == 0 else 0) | (2 if i == len(order) - 1 else 0)
+            one_word = all(length == word for _, length, _ in by_panel[p])
+            flags = (1 if i == 0 else 0) | (2 if i == len(order) - 1 else 0) | (ONE_WORD if one_word else 0)
             per_panel[p].append((g, by_panel[p], flags))
     e_group, e_p0, e_p1, e_woff, e_flags, p_k0, p_len, e_ptr = [], [], [], [], [], [], [], []
     bounds = list(chunk_g0) + [len(groups.row0)]

@@ -9,7 +9,7 @@ from sparta_explore.kernels import sparse_linear as sparse_linear_module
 from sparta_explore.kernels.bsr_codegen import plan_groups, unit_segments
 from sparta_explore.kernels.build import cpu_flags
 from sparta_explore.kernels.int8_codegen import align_segments, panel_k_for
-from sparta_explore.kernels.panels import cut_panels
+from sparta_explore.kernels.panels import ONE_WORD, cut_panels
 from sparta_explore.kernels.vnni_codegen import DOT_MODES
 
 from .test_sparse_linear import block_mask, check
@@ -44,7 +44,7 @@ def test_pieces_cover_each_group_once_inside_panels_with_their_weight_offsets(bl
         assert flags[0] & 1 and flags[-1] & 2 and not (flags[1:] & 1).any() and not (flags[:-1] & 2).any()
 
 
-def test_one_word_entries_are_exactly_those_of_single_words():
+def test_only_entries_of_single_words_are_flagged_one_word():
     kept = np.zeros((3, 64), dtype=bool)
     kept[0, [0, 9, 40]] = True            # scattered: one quad per piece
     kept[1, 0:16] = True                  # one run of four quads
@@ -52,7 +52,7 @@ def test_one_word_entries_are_exactly_those_of_single_words():
     kept[2, 32:48] = True                 # mixed
     groups = align_segments(plan_groups(kept, 1, 1), 4)
     panels = cut_panels(groups, 64, 64, [0], word=4)
-    assert panels.one_word_entries(4).tolist() == [True, False, False]
+    assert ((panels.e_flags & ONE_WORD) != 0).tolist() == [True, False, False]
 
 
 def test_panel_rows_must_hold_whole_words():
