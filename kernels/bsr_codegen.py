@@ -207,13 +207,13 @@ static inline void tile{r}(const float *xb, float *yb, long t, long e, const flo
     const float *w = W + E_WOFF[e];
     if (E_FLAGS[e] & {ONE_WORD}) {{  /* scattered: every piece is one k, so one flat loop over the pieces */
         for (long p = E_P0[e]; p < E_P1[e]; ++p, w += {r}) {{
-            const float *x = xb + P_K0[p] * TILE + t;
+            const float *x = xb + P_X[p] + t;
             {loads}
             {fmas}
         }}
     }} else {{
         for (long p = E_P0[e]; p < E_P1[e]; ++p) {{
-            const float *x = xb + P_K0[p] * TILE + t;
+            const float *x = xb + P_X[p] + t;
             for (long k = P_LEN[p]; k > 0; --k, x += TILE, w += {r}) {{
                 {loads}
                 {fmas}
@@ -327,6 +327,34 @@ static void act_rows(float *yb, long r0, long r1) {{
 PACK_TILE = c_text("pack_tile_fp32.c")
 
 
+@dataclass(frozen=True)
+class KernelIO:
+    """How an fp32 kernel reads and writes: C of `pack_tile` (input tile -> K-major `xb`), of `unpack_tile`
+    (N x TILE `yb` -> output) and the macros they need. `ROWS_IO`: X and Y row-major (a linear); a
+    convolution packs its im2col rows from NCHW instead (`conv_geometry.ConvGeometry.kernel_io`).
+    """
+
+    pack: str
+    unpack: str
+    defines: str = ""
+    x_offsets: tuple[int, ...] | None = None  # offset in xb of each packed word (of k); None: word * TILE
+    one_word: bool = False  # offsets are not evenly spaced in k: every piece must be one k
+
+    def offsets(self, k: np.ndarray, tile: int, word: int = 1) -> np.ndarray:
+        """Where (in packed elements) the kernel reads the packed word holding column k, per entry of `k`.
+
+        Example:
+            >>> ROWS_IO.offsets(np.array([0, 4, 8]), tile=48, word=4).tolist()
+            [0, 192, 384]
+        """
+        if self.x_offsets is None:
+            return k // word * tile * word
+        return np.asarray(self.x_offsets, dtype=np.int64)[k // word]
+
+
+ROWS_IO = KernelIO(PACK_TILE, UNPACK_TILE)
+
+
 def fp32_driver(name: str, body: str) -> str:
     """C of `void {name}(X, Y, M, W, bias)`: work items of (tile of M) x (run of row chunks c0..c1).
 
@@ -339,11 +367,11 @@ def fp32_driver(name: str, body: str) -> str:
 
 
 def fp32_source(vec: int, cfg: TileConfig, n_in: int, n_out: int, n_chunks: int, specialized: str, driver: str,
-                defines: str = "") -> str:
+                defines: str = "", io: KernelIO = ROWS_IO) -> str:
     """A whole fp32 kernel source: shape macros, prelude, the pattern's tables and tiles, pack/unpack, driver."""
     return c_fill("fp32_kernel.c", vec=vec, tile_vectors=cfg.tile_vectors, n_in=n_in, n_out=n_out, n_chunks=n_chunks,
-                  defines=defines, prelude=_PRELUDE, specialized=specialized, unpack=UNPACK_TILE, pack=PACK_TILE,
-                  driver=driver)
+                  defines=io.defines + defines, prelude=_PRELUDE, specialized=specialized, unpack=io.unpack,
+                  pack=io.pack, driver=driver)
 
 
 def pattern_tables(groups: Groups, n_out: int, act: str) -> tuple[str, list[int]]:
@@ -368,18 +396,22 @@ def entry_tables(panels: Panels) -> str:
 
 
 def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, name: str,
-                    cfg: TileConfig = TileConfig()) -> str:
+                    cfg: TileConfig = TileConfig(), io: KernelIO = ROWS_IO) -> str:
     """C source of `void {name}(X, Y, M, W, bias)`: X is M x K row-major, Y is M x N row-major.
 
     Work items are (tile of TILE rows of X) x (run of row chunks): each packs its tile of X
     K-major into a private buffer, runs its groups into a private N x TILE buffer, fills the
     rows no weight reaches, and writes its rows of that tile of Y. Large M takes all chunks
-    per item (one pack per tile); small M splits chunks over threads.
+    per item (one pack per tile); small M splits chunks over threads. `io` says how tiles
+    are read and written (row-major X and Y, or a convolution's NCHW tensors).
     """
     tables, chunk_g0 = pattern_tables(groups, n_out, act)
     n_chunks = len(chunk_g0)
     panels = cut_panels(groups, n_in, panel_rows(4 * cfg.tile_vectors * vec) if cfg.panel else max(1, n_in), chunk_g0)
-    tables += entry_tables(panels) + _array("P_K0", panels.p_k0) + _array("P_LEN", panels.p_len)
+    if io.one_word and int(panels.p_len.max(initial=1)) > 1:
+        raise ValueError("this kernel I/O reads one k per piece: give it one-word segments (unit_segments)")
+    p_x = io.offsets(panels.p_k0, cfg.tile_vectors * vec)
+    tables += entry_tables(panels) + _array("P_X", p_x) + _array("P_LEN", panels.p_len)
     n_panels = panels.count
     dispatch = "\n".join(
         f"{' ' * 24}case {r}: " + " ".join(f"tile{r}(xt, yb, {j} * {cfg.vectors_for(r)} * VEC, e, W, bias);"
@@ -387,4 +419,4 @@ def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, n
         for r in range(1, cfg.rows + 1))
     tiles = "".join(_tile_function(r, act, cfg.vectors_for(r)) for r in range(1, cfg.rows + 1))
     body = entry_loop(n_panels, dispatch, finish_tile(act))
-    return fp32_source(vec, cfg, n_in, n_out, n_chunks, tables + tiles, fp32_driver(name, body))
+    return fp32_source(vec, cfg, n_in, n_out, n_chunks, tables + tiles, fp32_driver(name, body), io=io)

@@ -137,6 +137,19 @@ def check_act_bits(bits: int) -> int:
     return int(bits)
 
 
+def quantized_images(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Each image of the batch `x` (N, ...) on its own symmetric `bits` grid, as the int8 conv kernels
+    quantize a conv's input; 32 leaves it.
+
+    Example:
+        >>> quantized_images(torch.tensor([[[1.0, 0.3]], [[0.2, 0.0]]]), 2).flatten().tolist()
+        [1.0, 0.0, 0.20000000298023224, 0.0]
+    """
+    if bits == FP32_BITS:
+        return x
+    return fake_quantize_rows(x.reshape(x.shape[0], -1), bits).reshape(x.shape)
+
+
 def quantized_input(x: torch.Tensor, bits: int) -> torch.Tensor:
     """`x`'s rows on their symmetric `bits` grid (what the int8 kernels do to their input); 32 leaves it.
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sparta_explore.kernels.compiled_op import CompiledOp, check_act_bits, quantized_input
+from sparta_explore.kernels.compiled_op import CompiledOp, check_act_bits, quantized_images, quantized_input
 from sparta_explore.kernels.sparse_linear import _ACT, check_linear_args
 
 
@@ -59,7 +59,8 @@ class ShrunkConv2d(CompiledOp):
     """A Conv2d over the kept output channels (and, for groups=1, kept input channels) only.
 
     Pruned output channels hold the bias (or 0), broadcast without compute. Inputs are
-    batched (N, C, H, W).
+    batched (N, C, H, W). With `act_bits` <= 8 each input image is put on its symmetric grid
+    first (all its channels, before any is dropped), as the int8 conv kernel does.
 
     Example:
         >>> conv = nn.Conv2d(4, 6, 3, padding=1); kept = torch.ones(6, 4, 3, 3, dtype=torch.bool); kept[2] = False
@@ -67,9 +68,10 @@ class ShrunkConv2d(CompiledOp):
         torch.Size([5, 4, 3, 3])
     """
 
-    def __init__(self, conv: nn.Conv2d, weight: torch.Tensor, kept: torch.Tensor) -> None:
+    def __init__(self, conv: nn.Conv2d, weight: torch.Tensor, kept: torch.Tensor, *, act_bits: int = 32) -> None:
         super().__init__()
         self.feature_dim, self.input_ndim = 1, (4,)
+        self.act_bits = check_act_bits(act_bits)
         if kept.shape != conv.weight.shape:
             raise ValueError(f"kept mask {tuple(kept.shape)} does not match conv weight {tuple(conv.weight.shape)}")
         if conv.padding_mode != "zeros":
@@ -112,6 +114,7 @@ class ShrunkConv2d(CompiledOp):
     def _fast(self, x: torch.Tensor) -> torch.Tensor:
         if self.empty:
             return self.filler.reshape(1, -1, 1, 1).expand(x.shape[0], -1, *self._out_size(x)).clone()
+        x = quantized_images(x, self.act_bits)
         xs = x if self.all_cols else x.index_select(1, self.cols)
         ys = F.conv2d(xs, self.weight_small, self.bias_small, self.stride, self.padding, self.dilation, self.groups)
         if self.all_rows:
@@ -121,7 +124,8 @@ class ShrunkConv2d(CompiledOp):
         return y
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
-        """The full masked convolution, in `x`'s dtype."""
+        """The full masked convolution (input images on their grid if `act_bits` <= 8), in `x`'s dtype."""
+        x = quantized_images(x, self.act_bits)
         w = torch.zeros(self.out_channels, self.in_channels // self.groups, *self.kernel_size, dtype=x.dtype)
         w[self.rows.reshape(-1, 1), self.cols.reshape(1, -1)] = self.weight_small.to(x.dtype)
         bias = self.filler.to(x.dtype) if self.bias_small is not None else None
@@ -137,8 +141,8 @@ class DenseConv2d(ShrunkConv2d):
         True
     """
 
-    def __init__(self, conv: nn.Conv2d, weight: torch.Tensor, kept: torch.Tensor) -> None:
-        super().__init__(conv, weight, torch.ones_like(kept, dtype=torch.bool))
+    def __init__(self, conv: nn.Conv2d, weight: torch.Tensor, kept: torch.Tensor, *, act_bits: int = 32) -> None:
+        super().__init__(conv, weight, torch.ones_like(kept, dtype=torch.bool), act_bits=act_bits)
 
 
 class SummedParts(CompiledOp):

@@ -19,6 +19,8 @@ products summed straight into int32, up to 64 per instruction.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from sparta_explore.fake_quant import qmax
@@ -26,8 +28,11 @@ from sparta_explore.kernels.bsr_codegen import (
     _ACTIVATIONS,
     _PRELUDE,
     R_MAX,
+    ROWS_IO,
+    SHORT_SEGMENTS,
     UNPACK_TILE,
     Groups,
+    KernelIO,
     V,
     _array,
     _vectors,
@@ -195,26 +200,29 @@ def _score(groups: Groups, unit: int, cost: float) -> float:
 
 
 def prepare_groups(kept: np.ndarray, block_rows: int, weight_bits: int, act_bits: int,
-                   dot: DotMode | None = None) -> tuple[Groups, str]:
+                   dot: DotMode | None = None, one_word: bool = False) -> tuple[Groups, str]:
     """Row groups aligned to the packed words of the fastest variant, and its name.
 
     "int16" (k pairs, `vpmaddwd`) always works; "vnni" (k quads, `vpdpbusd`) when a dot mode
     is given; "u8" (k quads, `vpmaddubsw`) for narrow weight grids without VNNI. The quad
     variants pad segments to k quads; on scattered patterns that padding costs more than
     their faster multiplies gain, so the padded work times each variant's cost decides.
+    `one_word` gives every group one piece per word (for kernel I/O whose words are not
+    evenly spaced in k, e.g. a convolution's shifted windows).
 
     Example:
         >>> prepare_groups(np.ones((8, 64), dtype=bool), 8, weight_bits=4, act_bits=8)[1]
         'u8'
     """
-    pairs = unit_segments(align_segments(plan_groups(kept, block_rows, R_MAX), 2), 2)
+    short = math.inf if one_word else SHORT_SEGMENTS
+    pairs = unit_segments(align_segments(plan_groups(kept, block_rows, R_MAX), 2), 2, short)
     if dot is not None:
         rows, cost, variant = dot.rows, dot.cost, "vnni"
     elif accumulate_steps(weight_bits, act_bits) >= 2:
         rows, cost, variant = ROWS, U8_COST, "u8"
     else:
         return pairs, "int16"
-    quads = unit_segments(align_segments(plan_groups(kept, block_rows, rows), 4), 4)
+    quads = unit_segments(align_segments(plan_groups(kept, block_rows, rows), 4), 4, short)
     if _score(quads, 4, cost) < _score(pairs, 2, 1.0):
         return quads, variant
     return pairs, "int16"
@@ -232,14 +240,15 @@ def scattered(groups: Groups, unit: int) -> bool:
 
 def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: str, act_bits: int = 8,
                          weight_bits: int = 8, variant: str = "int16", dot: DotMode | None = None,
-                         emulate: bool = False, panel_k: int = 0) -> str:
+                         emulate: bool = False, panel_k: int = 0, io: KernelIO | None = None) -> str:
     """C source of `void {name}(X, Y, M, W, corr, w_scale, bias)`: fp32 in and out, int8 inside.
 
     Activations are quantized on the symmetric `act_bits` grid (see sparta_explore.fake_quant).
     `variant` is what `prepare_groups` chose for these groups: "int16", "u8" (only for grids
     with `accumulate_steps` >= 2) or "vnni" (with `dot`, portable C when `emulate`); the
     quad variants need `corr` (lowbit_codegen.offset_correction). `panel_k` > 0 cuts K into
-    panels of that many k (a multiple of the packed word; see `panel_k_for`).
+    panels of that many k (a multiple of the packed word; see `panel_k_for`). `io` replaces the
+    row-major packing (quantized per row) and writing: e.g. a convolution's (`conv_geometry.py`).
     """
     level = f"{qmax(act_bits)}.0f"
     tables, chunk_g0 = pattern_tables(groups, n_out, act)
@@ -277,9 +286,13 @@ def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: 
         for r, m in rows_per_call.items())
     k_pad = -(-n_in // k_group) * k_group
     panels = cut_panels(groups, n_in, panel_k or k_pad, chunk_g0, k_group)
-    entries = (entry_tables(panels) + _array("P_XOFF", panels.p_k0 // k_group * tile_rows * k_group, "int32_t")
+    if io is not None and io.one_word and int(panels.p_len.max(initial=k_group)) > k_group:
+        raise ValueError("this kernel I/O reads one word per piece: prepare the groups with one_word=True")
+    x_off = (io or ROWS_IO).offsets(panels.p_k0, tile_rows, k_group)
+    entries = (entry_tables(panels) + _array("P_XOFF", x_off, "int32_t")
                + _array("P_WORDS", panels.p_len // k_group, "int32_t"))
     return c_fill("int8_kernel.c", level=level, tile_rows=tile_rows, n_in=n_in, k_pad=k_pad, n_out=n_out,
-                  n_chunks=n_chunks, prelude=_PRELUDE, extra=extra, tables=tables + entries,
-                  tiles=tiles, unpack=UNPACK_TILE,
-                  row_scale=ROW_SCALE, pack=pack, name=name, elem=elem, loop=entry_loop(panels.count, dispatch, finish))
+                  n_chunks=n_chunks, defines=io.defines if io else "", prelude=_PRELUDE, extra=extra,
+                  tables=tables + entries, tiles=tiles, unpack=io.unpack if io else UNPACK_TILE,
+                  row_scale=ROW_SCALE, pack=io.pack if io else pack, name=name, elem=elem,
+                  loop=entry_loop(panels.count, dispatch, finish))

@@ -22,6 +22,8 @@ import numpy as np
 from sparta_explore.kernels.bsr_codegen import (
     _ACTIVATIONS,
     CHUNKS,
+    ROWS_IO,
+    KernelIO,
     TileConfig,
     _array,
     _segments,
@@ -173,7 +175,7 @@ static inline void stile{r}(const float *xb, float *yb, long t, long e, const fl
 
 
 def generate_segment_source(plan: SegmentPlan, n_out: int, n_in: int, vec: int, act: str, name: str,
-                            cfg: TileConfig) -> str:
+                            cfg: TileConfig, io: KernelIO = ROWS_IO) -> str:
     """C source of `void {name}(X, Y, M, W, bias)` for the segment layout (same call as the rows layout).
 
     Rows start at their bias in the tile buffer, entries add their panels, the activation
@@ -183,6 +185,8 @@ def generate_segment_source(plan: SegmentPlan, n_out: int, n_in: int, vec: int, 
     """
     if act not in _ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {act!r}")
+    if io.one_word:
+        raise ValueError("the segment layout reads runs of k: it cannot run a one-k-per-piece kernel I/O")
     if plan.max_rows > cfg.rows:
         raise ValueError(f"plan has {plan.max_rows} rows per entry, the tile {cfg.rows}")
     tables = (_array("C_N", plan.chunk_n) + _array("E_PTR", plan.e_ptr) + _array("E_ROWS", plan.e_rows.reshape(-1))
@@ -225,4 +229,4 @@ def generate_segment_source(plan: SegmentPlan, n_out: int, n_in: int, vec: int, 
 """
     tiles = "".join(_tile_function(r, cfg.vectors_for(r)) for r in range(1, plan.max_rows + 1))
     return fp32_source(vec, cfg, n_in, n_out, len(plan.chunk_n) - 1, tables + tiles, fp32_driver(name, body),
-                       f"#define R_ROWS {plan.max_rows}L\n")
+                       f"#define R_ROWS {plan.max_rows}L\n", io)

@@ -8,6 +8,7 @@ input. A build or check failure is a warning and the module runs the dense refer
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import warnings
 
@@ -19,6 +20,9 @@ from sparta_explore.activations import ACTIVATIONS
 from sparta_explore.fake_quant import qmax, quantized_linear
 from sparta_explore.kernels import output_pool
 from sparta_explore.kernels.bsr_codegen import (
+    ROWS_IO,
+    SHORT_SEGMENTS,
+    KernelIO,
     TileConfig,
     generate_source,
     pack_weights,
@@ -52,16 +56,17 @@ def check_linear_args(weight: torch.Tensor, kept: torch.Tensor, activation: str)
 
 
 def _rows_layout(weight: np.ndarray, kept: np.ndarray, block_rows: int, cfg: TileConfig, vec: int, act: str,
-                 name: str) -> tuple[str, np.ndarray]:
-    groups = unit_segments(plan_groups(kept, block_rows, cfg.rows), 1)  # scattered rows: a predictable loop
-    source = generate_source(groups, kept.shape[0], kept.shape[1], vec, act, name, cfg)
+                 name: str, io: KernelIO) -> tuple[str, np.ndarray]:
+    # scattered rows: a predictable loop; an I/O whose k rows are not evenly spaced reads one k per piece
+    groups = unit_segments(plan_groups(kept, block_rows, cfg.rows), 1, math.inf if io.one_word else SHORT_SEGMENTS)
+    source = generate_source(groups, kept.shape[0], kept.shape[1], vec, act, name, cfg, io)
     return source, pack_weights(weight, kept, groups)
 
 
 def _segments_layout(weight: np.ndarray, kept: np.ndarray, block_rows: int, cfg: TileConfig, vec: int, act: str,
-                     name: str) -> tuple[str, np.ndarray]:
+                     name: str, io: KernelIO) -> tuple[str, np.ndarray]:
     plan = plan_segments(kept, cfg.rows)
-    source = generate_segment_source(plan, kept.shape[0], kept.shape[1], vec, act, name, cfg)
+    source = generate_segment_source(plan, kept.shape[0], kept.shape[1], vec, act, name, cfg, io)
     return source, pack_segment_weights(weight, kept, plan)
 
 
@@ -185,10 +190,14 @@ class SparseLinear(KernelLinear):
         self._tile = self.tile.tile_vectors * self._vec
         name = "sparse_linear"
         source, packed = FP32_LAYOUTS[self.tile.layout](self.weight.numpy(), kept, block_rows, self.tile, self._vec,
-                                                        self.activation, name)
+                                                        self.activation, name, self._kernel_io())
         self.built = build(source, name, cache_dir=cache_dir)
         self._packed = torch.from_numpy(packed)
         self._bind(self.built.lib)
+
+    def _kernel_io(self) -> KernelIO:
+        """How the kernel reads X and writes Y: row-major here; a convolution gathers im2col rows."""
+        return ROWS_IO
 
     def _bind(self, lib: ctypes.CDLL) -> None:
         fn = lib.sparse_linear
@@ -241,6 +250,7 @@ class Int8SparseLinear(KernelLinear):
     """
 
     exact_grad = False  # rounding the input has no useful gradient
+    one_word_io = False  # True where `_kernel_io` reads packed words at uneven offsets (one word per piece)
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kept: torch.Tensor, *,
                  weight_bits: int = 8, act_bits: int = 8, dot: str | None = "auto", emulate_dot: bool = False,
@@ -262,20 +272,32 @@ class Int8SparseLinear(KernelLinear):
             return self.dot.name + (" (emulated)" if self.emulate_dot else "")
         return self.variant if self.variant == "reference" else f"avx2 {self.variant}"
 
+    def _kernel_matrix(self, weight: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The (weight, kept) the kernel multiplies, its k in packing order: the linear's own here."""
+        return weight, kept
+
+    def _kernel_io(self, tile_rows: int, variant: str) -> KernelIO | None:
+        """How the kernel reads X and writes Y: None for row-major rows, each quantized on its own grid."""
+        return None
+
     def _build(self, kept: np.ndarray, block_rows: int, cache_dir) -> None:
         if "avx2" not in cpu_flags():
             raise ValueError("int8 kernels need AVX2")
-        groups, variant = prepare_groups(kept, block_rows, self.weight_bits, self.act_bits, self.dot)
+        weight, kept = self._kernel_matrix(self.weight.numpy(), kept)
+        groups, variant = prepare_groups(kept, block_rows, self.weight_bits, self.act_bits, self.dot,
+                                         self.one_word_io)
         if variant == "vnni" and self.dot is not None and scattered(groups, 4) and self.expected_m >= WIDE_MIN_M:
             self.dot = for_scattered(self.dot)
-        wq, scale = quantize_rows(self.weight.numpy(), kept, self.weight_bits)
+        wq, scale = quantize_rows(weight, kept, self.weight_bits)
         self.register_buffer("weight_q", torch.from_numpy(wq))
         self.register_buffer("weight_scale", torch.from_numpy(scale))
         self._tile = tile_rows_for(variant, self.dot)
         name = "sparse_linear_int8"
-        panel_k = panel_k_for(variant, self.dot, groups, self.in_features)
-        source = generate_int8_source(groups, self.out_features, self.in_features, self.activation, name,
-                                      self.act_bits, self.weight_bits, variant, self.dot, self.emulate_dot, panel_k)
+        io = self._kernel_io(self._tile, variant)
+        panel_k = 0 if io is not None else panel_k_for(variant, self.dot, groups, kept.shape[1])
+        source = generate_int8_source(groups, self.out_features, kept.shape[1], self.activation, name,
+                                      self.act_bits, self.weight_bits, variant, self.dot, self.emulate_dot, panel_k,
+                                      io)
         self.built = build(source, name, cache_dir=cache_dir)
         quads = variant != "int16"
         self._packed = torch.from_numpy(pack_quads(wq, groups) if quads else pack_pairs(wq, groups))
@@ -287,13 +309,15 @@ class Int8SparseLinear(KernelLinear):
         fn = lib.sparse_linear_int8
         fn.restype = None
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
-                       ctypes.c_void_p, ctypes.c_void_p]
+                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         self._fn = fn
 
-    def _run(self, x2: torch.Tensor, y: torch.Tensor) -> None:
-        self._fn(x2.data_ptr(), y.data_ptr(), x2.shape[0], self._packed.data_ptr(),
+    def _run(self, x2: torch.Tensor, y: torch.Tensor, rows: int | None = None,
+             x_scales: torch.Tensor | None = None) -> None:
+        self._fn(x2.data_ptr(), y.data_ptr(), x2.shape[0] if rows is None else rows, self._packed.data_ptr(),
                  None if self._corr is None else self._corr.data_ptr(), self.weight_scale.data_ptr(),
-                 None if self.bias is None else self.bias.data_ptr())
+                 None if self.bias is None else self.bias.data_ptr(),
+                 None if x_scales is None else x_scales.data_ptr())
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """The same quantization in PyTorch (sparta_explore.fake_quant.quantized_linear), then the activation.

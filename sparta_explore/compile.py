@@ -207,7 +207,8 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
         if op.site.module_target is not None and len(graph.module_nodes(op.site.module_target)) > 1:
             op.notes.append("module called more than once: left as is")
             continue
-        ctx = LowerContext(op.site.as_module(gm), op.activation, op.m, config.cache_dir, tune=False)
+        ctx = LowerContext(op.site.as_module(gm), op.activation, op.m, config.cache_dir, tune=False,
+                           in_shape=tuple(op_inputs[op.op].shape))
         module = choose(op, ctx, op_inputs[op.op], config.choose, config.runs, tune=config.tune)
         if module is not None:
             module.label = op.op

@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import torch
@@ -117,7 +118,7 @@ def choose(op: OpPlan, ctx: LowerContext, x: torch.Tensor, mode: str, runs: int,
     op.measured_ms.update(_timed(built, x, runs))  # interleaved: a burst of load hits every candidate alike
     op.chosen = min(built, key=op.measured_ms.get)
     if tune and any(p.kernel == "sparse" for p in op.candidate(op.chosen).parts):
-        tuned_ctx = LowerContext(ctx.module, ctx.activation, ctx.m, ctx.cache_dir, tune=True)
+        tuned_ctx = dataclasses.replace(ctx, tune=True)
         module, why = _try_candidate(op, op.candidate(op.chosen), tuned_ctx, x)
         if module is not None:
             times = _timed({"untuned": built[op.chosen], "tuned": module}, x, runs)

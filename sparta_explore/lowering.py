@@ -20,9 +20,10 @@ import torch
 from torch import nn
 
 from sparta_explore.fake_quant import fake_quantize_rows
+from sparta_explore.kernels.conv_geometry import ConvGeometry
 from sparta_explore.kernels.dense import DenseConv2d, DenseLinear, ShrunkConv2d, SummedParts
 from sparta_explore.kernels.shrink import ShrunkLinear
-from sparta_explore.kernels.sparse_conv import SparseConv2d
+from sparta_explore.kernels.sparse_conv import ImplicitConvLinear, Int8ConvLinear, SparseConv2d
 from sparta_explore.kernels.sparse_linear import Int8SparseLinear, SparseLinear
 from sparta_explore.kernels.tuning import default_tile
 from sparta_explore.plan.execution_plan import FP32, Candidate, SubOp
@@ -31,13 +32,18 @@ from sparta_explore.registry import Registry
 
 @dataclass(frozen=True)
 class LowerContext:
-    """What every builder needs besides the sub-operator: the original module, fusion, rows, cache."""
+    """What every builder needs besides the sub-operator: the original module, fusion, rows, cache.
+
+    `in_shape` is the shape of the op's input in the captured run, when known: convolutions
+    bake their input size into an implicit-GEMM kernel.
+    """
 
     module: nn.Module
     activation: str
     m: int
     cache_dir: str | os.PathLike | None
     tune: bool
+    in_shape: tuple[int, ...] | None = None
 
 
 Builder = Callable[[SubOp, torch.Tensor | None, str, LowerContext], nn.Module]
@@ -113,21 +119,42 @@ def _int8_linear(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Mod
 
 @register_builder("dense", "conv")
 def _dense_conv(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Module:
-    return DenseConv2d(ctx.module, part_weight(ctx.module, sub), sub.mask.reshape(ctx.module.weight.shape))
+    return DenseConv2d(ctx.module, part_weight(ctx.module, sub), sub.mask.reshape(ctx.module.weight.shape),
+                       act_bits=sub.act_bits)
 
 
 @register_builder("shrink", "conv")
 def _shrink_conv(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Module:
-    return ShrunkConv2d(ctx.module, part_weight(ctx.module, sub), sub.mask.reshape(ctx.module.weight.shape))
+    return ShrunkConv2d(ctx.module, part_weight(ctx.module, sub), sub.mask.reshape(ctx.module.weight.shape),
+                        act_bits=sub.act_bits)
 
 
 @register_builder("sparse", "conv")
 def _sparse_conv(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Module:
-    # implicit GEMM: the pattern-specialized linear kernel over im2col rows (C_out x C_in*kh*kw)
+    # the pattern-specialized linear kernel over im2col rows (C_out x C_in*kh*kw); with the input size known,
+    # the kernel gathers those rows itself (implicit GEMM), else they come from F.unfold
     conv = ctx.module
     weight = part_weight(conv, sub).reshape(conv.out_channels, -1)
     mask = sub.mask.reshape(conv.out_channels, -1)
     tile = "auto" if ctx.tune else default_tile(mask.cpu().numpy().astype(bool), sub.block[0])
-    linear = SparseLinear(weight, bias, mask, block_rows=sub.block[0], activation=activation,
-                          cache_dir=ctx.cache_dir, tile=tile, expected_m=ctx.m)
+    options = dict(block_rows=sub.block[0], activation=activation, cache_dir=ctx.cache_dir, tile=tile,
+                   expected_m=ctx.m)
+    if ctx.in_shape is not None and len(ctx.in_shape) == 4:
+        geometry = ConvGeometry.of(conv, ctx.in_shape[2:])
+        return SparseConv2d(conv, ImplicitConvLinear(weight, bias, mask, geometry, **options))
+    return SparseConv2d(conv, SparseLinear(weight, bias, mask, **options))
+
+
+@register_builder("int8", "conv")
+def _int8_conv(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Module:
+    # int8 implicit GEMM over shifted windows: stride-1 convs whose input size is known (else a build error,
+    # which compile reports and skips)
+    conv = ctx.module
+    if ctx.in_shape is None or len(ctx.in_shape) != 4:
+        raise ValueError("int8 conv kernels need the input size (compile records it from the example input)")
+    geometry = ConvGeometry.of(conv, ctx.in_shape[2:])
+    weight = part_weight(conv, sub).reshape(conv.out_channels, -1)
+    linear = Int8ConvLinear(weight, bias, sub.mask.reshape(conv.out_channels, -1), geometry,
+                            block_rows=sub.block[0], activation=activation, cache_dir=ctx.cache_dir,
+                            weight_bits=sub.weight_bits, act_bits=sub.act_bits, expected_m=ctx.m)
     return SparseConv2d(conv, linear)

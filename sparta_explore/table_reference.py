@@ -4,7 +4,8 @@ Built from the table alone (not from any plan): every parameter element the tabl
 is zeroed, the weight of every weight site whose kept elements are at 2..8 bits is put on
 its symmetric per-output-row grid (`fake_quant.fake_quantize_rows`; 1 bit on the 2-bit
 grid, as the planner runs it), and a linear whose input is also at <= 8 bits quantizes
-its input rows (what the int8 kernel computes; `compile` tolerates rounding flips, 2e-2).
+its input rows, a conv its input images (what the int8 kernels compute; `compile`
+tolerates rounding flips, 2e-2).
 
 Parameters the forward never reads are skipped and listed, not an error.
 
@@ -20,11 +21,12 @@ from collections.abc import Mapping
 
 import torch
 import torch.fx as fx
+from torch import nn
 
 from sparta_explore.errors import TeSANameError
 from sparta_explore.fake_quant import INT_BITS, fake_quantize_rows
 from sparta_explore.graph import Graph
-from sparta_explore.kernels.dense import DenseLinear
+from sparta_explore.kernels.dense import DenseConv2d, DenseLinear
 from sparta_explore.masking import apply_table
 from sparta_explore.plan.bit_rounding import MIN_GRID_BITS
 from sparta_explore.plan.sites import input_bits, replace_site, weight_sites
@@ -82,13 +84,17 @@ def table_reference(graph: Graph, table: Mapping[str, TeSA], *, grids: bool = Tr
             quantized = fake_quantize_rows(site.weight_2d(weight.detach().float()), grid)
             restored = quantized.t() if site.layout == "in_out" else quantized
             weight.copy_(restored.reshape(weight.shape).to(weight.dtype))
-            act = input_bits(graph, table, site) if site.kind == "linear" else 32
+            act = input_bits(graph, table, site)
             if act in INT_BITS:
                 int8_sites.append((site, act))
-    for site, act in int8_sites:  # both at <= 8 bits: the input rows are quantized too (the int8 semantics)
-        linear = site.as_module(module)
-        replace_site(module, site, DenseLinear(linear.weight.detach(), None if linear.bias is None else
-                                               linear.bias.detach(), act_bits=act))
+    for site, act in int8_sites:  # both at <= 8 bits: the input is quantized too (the int8 semantics)
+        op = site.as_module(module)
+        if isinstance(op, nn.Conv2d):
+            quantized = DenseConv2d(op, op.weight.detach(), torch.ones_like(op.weight, dtype=torch.bool),
+                                    act_bits=act)
+        else:
+            quantized = DenseLinear(op.weight.detach(), None if op.bias is None else op.bias.detach(), act_bits=act)
+        replace_site(module, site, quantized)
     if int8_sites:
         module.graph.lint()
         module.recompile()

@@ -9,8 +9,9 @@ from torch import nn
 
 import sparta_explore as se
 from sparta_explore.compile import CompileWarning, compile
-from sparta_explore.fake_quant import fake_quantize_rows, quantized_linear
+from sparta_explore.fake_quant import fake_quantize_rows, quantized_conv2d, quantized_linear
 from sparta_explore.kernels import KernelBuildError
+from sparta_explore.lowering import LowerContext, lower
 from sparta_explore.zoo import build_model, example_inputs
 
 
@@ -58,6 +59,32 @@ def test_int8_weights_and_inputs_run_on_the_fake_quantized_grid(device, cache_di
     assert torch.allclose(cm(x), want, atol=1e-3)
     assert {p.kernel for c in op.candidates for p in c.parts} >= {"dense", "int8"}
     assert cm.fp32_error > 0  # 4-bit weights really are quantized
+
+
+def test_int8_convs_run_the_int8_implicit_gemm_on_images_quantized_whole(device, cache_dir):
+    if 8 not in device.bits or not device.blocks:
+        pytest.skip("no int8 kernels on this machine")
+    model = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, stride=2, padding=1)).eval()
+    x = torch.randn(2, 8, 10, 10)
+    g = se.capture(model, (x,))
+    kept0 = block_table(model, g, 0.9, (1, 1))["0.weight"].kept
+    relu_out = next(n.name for n in g.nodes() if n.name not in ("_0", "_2") and n.op == "call_module")
+    table = se.TeSATable({"0.weight": se.TeSA.from_mask(kept0, bits=8),
+                          "2.weight": se.TeSA.dense((16, 16, 3, 3), bits=8),
+                          g.inputs[0]: se.TeSA.dense((1, 8, 10, 10), bits=8),
+                          relu_out: se.TeSA.dense((1, 16, 10, 10), bits=8)})
+    with pytest.warns(CompileWarning, match="stride-1"):  # the stride-2 conv's int8 candidate cannot build
+        cm = compile(model, table, (x,), device=device, cache_dir=cache_dir, tune=False, choose="measured")
+    op = cm.plan.ops["_0"]
+    int8 = [c.name for c in op.candidates if c.parts[0].kernel == "int8"]
+    assert op.act_bits == 8 and int8 and int8[0] in op.measured_ms  # built, checked and timed
+    assert op.candidate("dense").parts[0].act_bits == 8  # every candidate computes the same quantized conv
+    assert cm.checks["passed"].all() and cm.max_error < 2e-2
+    with torch.no_grad():
+        want = quantized_conv2d(x, model[0].weight * kept0, model[0].bias, padding=(1, 1))
+        got = lower(op.candidate(int8[0]), LowerContext(model[0], "none", op.m, cache_dir, False,
+                                                        in_shape=tuple(x.shape)))(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
 
 
 def test_digits_cnn_compiles_convs_and_linears(device, cache_dir):
@@ -162,7 +189,7 @@ def test_an_op_no_candidate_can_build_keeps_its_own_module(device, cache_dir, mo
     assert torch.allclose(cm(x), se.masked_copy(model, table)(x), atol=1e-5)
 
 
-def test_pruned_pointwise_convs_get_sparse_candidates(device, cache_dir):
+def test_pruned_convs_get_sparse_candidates_run_as_implicit_gemm(device, cache_dir):
     if not device.blocks:
         pytest.skip("no compiler: no sparse kernels on this machine")
     model = nn.Sequential(nn.Conv2d(16, 32, 1), nn.ReLU(), nn.Conv2d(32, 8, 3, padding=1, groups=2),
@@ -175,7 +202,13 @@ def test_pruned_pointwise_convs_get_sparse_candidates(device, cache_dir):
     assert "sparse" in {c.name for c in conv.candidates} and "sparse" in conv.measured_ms
     grouped = cm.plan.ops["_2"]
     assert {c.name for c in grouped.candidates} == {"dense"}  # a grouped conv stays whole
-    assert "sparse" not in {c.name for c in cm.plan.ops["_3"].candidates}  # kxk: im2col costs more than it saves
+    kxk = cm.plan.ops["_3"]
+    assert "sparse" in {c.name for c in kxk.candidates} and "sparse" in kxk.measured_ms
     want = se.masked_copy(model, table)(x)
     torch.testing.assert_close(cm(x), want, atol=1e-4, rtol=1e-4)
+    for name in ("_0", "_3"):  # whatever was chosen, the sparse candidate built runs the kernel on the input's size
+        built = lower(cm.plan.ops[name].candidate("sparse"),
+                      LowerContext(model[int(name[1:])], "none", 2 * 144, cache_dir, False, in_shape=(2, 16, 12, 12)
+                                   if name == "_0" else (2, 8, 12, 12)))
+        assert built.implicit and built.linear.fallback_reason is None
     assert conv.measured_ms[conv.chosen] == min(conv.measured_ms.values())

@@ -3,7 +3,10 @@
 #define K_IN ${n_in}L
 #define N_OUT ${n_out}L
 #define N_CHUNKS ${n_chunks}L
-${defines}#include <stdlib.h>
+${defines}#ifndef XB_FLOATS
+#define XB_FLOATS (K_IN * TILE)  /* floats of one packed X tile: K rows of TILE */
+#endif
+#include <stdlib.h>
 #include <omp.h>
 ${prelude}
 static inline float bias_of(const float *bias, long n) { return bias ? bias[n] : 0.0f; }

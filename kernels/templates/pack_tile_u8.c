@@ -10,7 +10,8 @@ static void quantize_row(const float *src, uint8_t *xq, float *sx, long t, long 
     for (long k = K_IN > k_from ? K_IN : k_from; k < K_PAD; ++k) xq[((k / 4) * TILE + t) * 4 + (k & 3)] = 128;
 }
 
-static void pack_tile(const float *X, uint8_t *xq, float *sx, long m0, long mt) {
+static void pack_tile(const float *X, uint8_t *xq, float *sx, long m0, long mt, const float *xs) {
+    (void)xs;  /* per-row scales: computed here */
     /* q as in the int16 kernels, stored as q + 128; 8 rows x 32 k at a time in vectors:
        round, clamp, narrow to bytes, order the k quads, transpose 8 x 8 quads into place */
     int32_t *xq32 = (int32_t *)xq;

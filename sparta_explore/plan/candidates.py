@@ -39,7 +39,6 @@ class OpInfo:
     m: int
     act_bits: int
     groups: int = 1
-    pointwise: bool = True  # a conv whose im2col rows are its pixels (1x1, stride 1, no padding)
 
     @property
     def out_features(self) -> int:
@@ -69,11 +68,12 @@ def _fp32_grid(option: BitOption, width: int) -> int:
 
 
 def _dense_grids(info: OpInfo) -> tuple[int, int]:
-    """(weight grid, activation grid) of a dense op computing what the TeSAs ask: a linear whose weights
-    and input are both at <= 8 bits quantizes its input rows too, as the int8 kernel does."""
+    """(weight grid, activation grid) of a dense op computing what the TeSAs ask: an op whose weights and
+    input are both at <= 8 bits quantizes its input too (a linear per row, a conv per image), as the int8
+    kernels do."""
     top = int(info.bits.max()) if info.bits.numel() else FP32
     grid = top if 0 < top <= INT8 else FP32
-    act = info.act_bits if info.kind == "linear" and grid <= INT8 and info.act_bits <= INT8 else FP32
+    act = info.act_bits if grid <= INT8 and info.act_bits <= INT8 else FP32
     return grid, act
 
 
@@ -153,18 +153,20 @@ def linear_candidates(info: OpInfo, device: DeviceProfile) -> list[Candidate]:
 
 @register_candidates("conv")
 def conv_candidates(info: OpInfo, device: DeviceProfile) -> list[Candidate]:
-    """Dense, channel-shrunk and, for pointwise convs, sparse convolutions; low bits as fake-quantized fp32.
+    """Dense, channel-shrunk and sparse convolutions (any kernel, stride, padding); low bits fake-quantized in fp32.
 
-    Sparse convs run the fp32 sparse linear kernels over the pixels (`kernels/sparse_conv.py`),
-    one block shape per conv (no summed parts), inputs fp32 as the dense conv's. kxk convs are
-    not offered: `SparseConv2d` runs them through `F.unfold`, and that copy alone took 0.4-1.2x
-    the dense conv's time (`benchmarks/conv.py`: 0.34-0.71x dense at 50-90%), so they would
-    only cost compile time. Grouped convolutions (depthwise) only run dense: dropping channels
+    Sparse convs run the sparse linear kernels as implicit GEMM: the kernel gathers its
+    im2col tiles from the NCHW input itself (`kernels/conv_geometry.py`), one block shape per
+    conv (no summed parts). fp32 for any geometry; int8 (weights and input both at <= 8 bits,
+    each input image on one grid) for stride-1 convs, where it reads shifted windows of one
+    quantized copy of the input (other strides fail to build, and compile skips them). The
+    predicted time counts the products, not the packing, so measured choice is what keeps a
+    slower kernel out. Grouped convolutions (depthwise) only run dense: dropping channels
     would break the grouping.
     """
     if info.groups != 1:
         return [dense_candidate(info, device)]
     found = [dense_candidate(info, device), shrink_candidate(info, device)]
-    if info.pointwise and bool(info.kept.any()):  # the planner gives convs fp32 inputs: fp32 kernels only
+    if bool(info.kept.any()):
         found += [c for c in sparse_candidates(info, device) if len(c.parts) == 1]
     return [c for c in found if c is not None]

@@ -52,13 +52,6 @@ def _fusable(graph: Graph, node: fx.Node) -> tuple[str, str | None]:
     return (act, user.name) if act else ("none", None)
 
 
-def _pointwise(module: nn.Module | None) -> bool:
-    """A conv whose im2col rows are its input pixels (1x1, stride 1, no padding); True for non-convs."""
-    if not isinstance(module, nn.Conv2d):
-        return True
-    return module.kernel_size == (1, 1) and module.stride == (1, 1) and module.padding in ((0, 0), "valid")
-
-
 def _rows(graph: Graph, node: fx.Node, out_features: int) -> int:
     out = graph.tensors.get(node.name)
     if out is None:
@@ -86,7 +79,7 @@ def plan(graph: Graph, table: Mapping[str, TeSA], device: DeviceProfile | None =
         tesa = by_canonical.get(site.weight)
         if tesa is None:
             continue
-        act_bits = input_bits(graph, table, site) if site.kind == "linear" else FP32
+        act_bits = input_bits(graph, table, site)
         if tesa.sparsity == 0 and all(b >= FP32 for b in tesa.kept_bits()) and act_bits == FP32:
             continue  # nothing to exploit: the op stays as it is
         tesa.check_fits(graph.tensors[site.weight].shape, site.weight)
@@ -95,8 +88,7 @@ def plan(graph: Graph, table: Mapping[str, TeSA], device: DeviceProfile | None =
         bits, raised = floor_bits(site.weight_2d(tesa.bits))
         module = graph.module.get_submodule(site.module_target) if site.module_target else None
         groups = getattr(module, "groups", 1)
-        info = OpInfo(node.name, site.kind, kept, bits, _rows(graph, node, out_features), act_bits, groups,
-                      pointwise=_pointwise(module))
+        info = OpInfo(node.name, site.kind, kept, bits, _rows(graph, node, out_features), act_bits, groups)
         activation, act_node = _fusable(graph, node) if site.kind == "linear" else ("none", None)
         candidates = CANDIDATES.get(site.kind)(info, device)
         ops[node.name] = OpPlan(

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sparta_explore.fake_quant import fake_quantize_rows, quantized_conv2d
 from sparta_explore.kernels.dense import DenseConv2d, DenseLinear, ShrunkConv2d, SummedParts
 
 
@@ -29,6 +30,22 @@ def test_shrunk_conv_matches_the_masked_conv(prune, bias):
     assert torch.allclose(op(x), want, atol=1e-5)
     assert torch.allclose(op.reference(x), want, atol=1e-5)
     assert op.empty == (prune == "all")
+
+
+@pytest.mark.parametrize("cls", [DenseConv2d, ShrunkConv2d])
+def test_convs_with_8_bit_inputs_quantize_each_whole_image_before_dropping_channels(cls):
+    conv = nn.Conv2d(6, 8, 3, padding=1)
+    kept = torch.ones(8, 6, 3, 3, dtype=torch.bool)
+    kept[:, :2] = False  # the dropped channels still set the image's scale
+    x = torch.randn(2, 6, 5, 5)
+    x[0, 0] *= 50
+    with torch.no_grad():
+        want = quantized_conv2d(x, conv.weight * kept, conv.bias, padding=(1, 1), weight_bits=8, act_bits=4)
+        op = cls(conv, fake_quantize_rows((conv.weight * kept).reshape(8, -1), 8).reshape(8, 6, 3, 3), kept,
+                 act_bits=4)
+        torch.testing.assert_close(op(x), want, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(op.reference(x), want, rtol=1e-4, atol=1e-4)
+        assert not torch.allclose(op(x), masked_conv(conv, kept, x), atol=1e-2)  # 4-bit inputs really are rounded
 
 
 def test_grouped_convs_run_dense_and_refuse_to_shrink():
