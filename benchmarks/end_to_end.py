@@ -59,7 +59,7 @@ def tables(model: nn.Module, x: tuple, how: str, sparsity: float, block: tuple[i
     if bits is not None:
         weight_bits, act_bits = (bits, bits) if isinstance(bits, int) else bits
         q = quantize(model, UniformQuantConfig(weight_bits=weight_bits, activation_bits=act_bits,
-                                               op_types=("Linear",)), "uniform", graph=g)
+                                               op_types=("Linear", "Conv2d")), "uniform", graph=g)
         t = t.merge(q)
     return g, t, se.propagate(g, t)
 
@@ -133,6 +133,10 @@ def main() -> None:
          "l1norm", 0.5, (1, 1), None),
         ("mobilenet-32 l1norm 50%", lambda: build_model("mobilenet-32"), example_inputs("mobilenet-32", batch=batch),
          "l1norm", 0.5, (1, 1), None),
+        ("resnet-32 90% unstructured fp32", lambda: build_model("resnet-32"), example_inputs("resnet-32", batch=batch),
+         "block", 0.9, (1, 1), None),
+        ("resnet-32 90% unstructured int8", lambda: build_model("resnet-32"), example_inputs("resnet-32", batch=batch),
+         "block", 0.9, (1, 1), 8),
     ]
     for name, build, x, how, sparsity, block, bits in cases:
         if args.only and not any(name.startswith(p) for p in args.only):

@@ -39,6 +39,7 @@ class OpInfo:
     m: int
     act_bits: int
     groups: int = 1
+    int8_kernels: bool = True  # whether an int8 kernel can run the op (int8 convs: stride 1 only)
 
     @property
     def out_features(self) -> int:
@@ -117,7 +118,7 @@ def sparse_candidates(info: OpInfo, device: DeviceProfile) -> list[Candidate]:
     if not device.blocks:
         return out
     overhead = device.op_overhead_us / 1e3
-    int8_ok = INT8 in device.bits and info.act_bits <= INT8
+    int8_ok = INT8 in device.bits and info.act_bits <= INT8 and info.int8_kernels
     for option in bit_options(info.bits, device.bits):
         if option.name == "split" and not int8_ok:
             continue  # without int8 activations every part runs in fp32: splitting only adds a pass
@@ -159,7 +160,8 @@ def conv_candidates(info: OpInfo, device: DeviceProfile) -> list[Candidate]:
     im2col tiles from the NCHW input itself (`kernels/conv_geometry.py`), one block shape per
     conv (no summed parts). fp32 for any geometry; int8 (weights and input both at <= 8 bits,
     each input image on one grid) for stride-1 convs, where it reads shifted windows of one
-    quantized copy of the input (other strides fail to build, and compile skips them). The
+    quantized copy of the input; other strides get the fp32 kernel on the weights' grid, as
+    linears do where the machine has no int8 kernels. The
     predicted time counts the products, not the packing, so measured choice is what keeps a
     slower kernel out. Grouped convolutions (depthwise) only run dense: dropping channels
     would break the grouping.

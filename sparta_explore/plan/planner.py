@@ -88,7 +88,9 @@ def plan(graph: Graph, table: Mapping[str, TeSA], device: DeviceProfile | None =
         bits, raised = floor_bits(site.weight_2d(tesa.bits))
         module = graph.module.get_submodule(site.module_target) if site.module_target else None
         groups = getattr(module, "groups", 1)
-        info = OpInfo(node.name, site.kind, kept, bits, _rows(graph, node, out_features), act_bits, groups)
+        int8_kernels = not isinstance(module, nn.Conv2d) or module.stride == (1, 1)  # int8 convs: shifted windows
+        info = OpInfo(node.name, site.kind, kept, bits, _rows(graph, node, out_features), act_bits, groups,
+                      int8_kernels)
         activation, act_node = _fusable(graph, node) if site.kind == "linear" else ("none", None)
         candidates = CANDIDATES.get(site.kind)(info, device)
         ops[node.name] = OpPlan(
