@@ -267,7 +267,8 @@ class SparseConv2d(CompiledOp):
             return self.linear
         key = f"{hw[0]}x{hw[1]}"
         if key not in self.sizes:
-            self.sizes[key] = self.linear.for_input(hw)
+            with torch.inference_mode(False):  # normal tensors: the kernel may later run its reference under grad
+                self.sizes[key] = self.linear.for_input(hw)
         return self.sizes[key]
 
     def _fast(self, x: torch.Tensor) -> torch.Tensor:

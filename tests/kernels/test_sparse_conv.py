@@ -71,6 +71,21 @@ def test_implicit_gemm_conv_matches_the_masked_convolution(tmp_path, geometry, b
     assert len(op.sizes) == 1  # the new size got its own build (its padded size as key for reflect)
 
 
+def test_a_size_first_met_in_inference_mode_builds_ordinary_tensors(tmp_path):
+    conv = _conv(GEOMETRIES[1])
+    w2d = conv.weight.detach().reshape(conv.out_channels, -1)
+    kept = block_mask(*w2d.shape, (1, 1), 0.3)
+    op = SparseConv2d(conv, ImplicitConvLinear(w2d * kept, None, kept, ConvGeometry.of(conv, (7, 9)),
+                                               cache_dir=tmp_path))
+    x = torch.randn(1, 6, 5, 6)
+    with torch.inference_mode():
+        want = op(x)  # builds the 5x6 kernel
+    assert not any(t.is_inference() for t in op.sizes["5x6"].buffers())
+    op.load_state_dict(op.state_dict())  # in-place copies into every buffer: refused for inference tensors
+    with torch.no_grad():
+        torch.testing.assert_close(op(x), want)
+
+
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_implicit_gemm_conv_fuses_the_activation(tmp_path, activation):
     conv = _conv(GEOMETRIES[2])
