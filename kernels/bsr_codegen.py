@@ -286,7 +286,7 @@ def finish_tile(act: str, before_unpack: str = "") -> str:
                 for (long t = 0; t < TILE; t += VEC) {{ vf v = zero + bias_of(bias, n); {_ACTIVATIONS[act]}
                     ST(yb + n * TILE + t, v); }}
             }}
-{before_unpack}            unpack_tile(yb, Y, m0, mt, C_N0[c0], C_N1[c1 - 1]);"""
+{before_unpack}            if (Y) unpack_tile(yb, Y, m0, mt, C_N0[c0], C_N1[c1 - 1]);  /* NULL: fused, yb is read */"""
 
 
 _WIDE_NAMES = {"vf": "wf", "vi": "wi", "vsel": "wsel", "vexp_neg": "wexp_neg", "vgelu": "wgelu", "LD": "WLD",

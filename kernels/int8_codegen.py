@@ -291,8 +291,10 @@ def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: 
     x_off = (io or ROWS_IO).offsets(panels.p_k0, tile_rows, k_group)
     entries = (entry_tables(panels) + _array("P_XOFF", x_off, "int32_t")
                + _array("P_WORDS", panels.p_len // k_group, "int32_t"))
+    bits = 32 // k_group
     return c_fill("int8_kernel.c", level=level, tile_rows=tile_rows, n_in=n_in, k_pad=k_pad, n_out=n_out,
                   n_chunks=n_chunks, defines=io.defines if io else "", prelude=_PRELUDE, extra=extra,
                   tables=tables + entries, tiles=tiles, unpack=io.unpack if io else UNPACK_TILE,
                   row_scale=ROW_SCALE, pack=io.pack if io else pack, name=name, elem=elem,
-                  loop=entry_loop(panels.count, dispatch, finish))
+                  loop=entry_loop(panels.count, dispatch, finish), word=k_group, bits=bits,
+                  mask=hex((1 << bits) - 1), offset=0 if elem == "int16_t" else 128)

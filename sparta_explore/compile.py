@@ -39,6 +39,7 @@ from torch.utils import _pytree as pytree
 from sparta_explore.callable_module import make_callable
 from sparta_explore.compile_choose import TOLERANCE, CompileWarning, choose, narrowest, relative_error
 from sparta_explore.compile_config import CompileConfig
+from sparta_explore.compile_fuse import fuse_pairs
 from sparta_explore.device import DeviceProfile
 from sparta_explore.graph import Graph, capture
 from sparta_explore.kernels.build import compiler_available, warn_compiler_missing
@@ -216,6 +217,8 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
     for op in planned:
         if op.op in compiled:
             _swap(gm, op, compiled[op.op])
+    if config.fuse and config.choose == "measured":
+        fuse_pairs(gm, planned, compiled, op_inputs, config.runs, config.cache_dir)
     gm.graph.lint()
     gm.recompile()
     return _verified(graph, gm, execution, compiled, table, input_table, trusted, unread, config, start)

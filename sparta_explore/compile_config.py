@@ -34,6 +34,8 @@ class CompileConfig:
     * `cache_dir`: where kernels, tile searches and the profile are cached (None: the default).
     * `verify`: check the compiled model against the model masked with the table it was
       given (and, for a propagation result, the table propagation started from).
+    * `fuse`: with measured choice, time chained int8 kernels fused tile by tile (an FFN's
+      fc1 + fc2) and keep the fusion where it is faster (`compile_fuse.py`).
     """
 
     choose: str = "measured"
@@ -43,6 +45,7 @@ class CompileConfig:
     device: Any = field(default=None, compare=False)
     cache_dir: str | os.PathLike | None = None
     verify: bool = True
+    fuse: bool = True
 
     def __post_init__(self) -> None:
         if self.choose not in ("measured", "predicted"):

@@ -88,6 +88,37 @@ def test_int8_convs_run_the_int8_implicit_gemm_on_images_quantized_whole(device,
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("faster", ["fused", "apart"])
+def test_chained_int8_linears_fuse_where_the_pair_measures_faster(device, cache_dir, monkeypatch, faster):
+    if 8 not in device.bits or not device.blocks:
+        pytest.skip("no int8 kernels on this machine")
+    model = nn.Sequential(nn.Linear(64, 192), nn.GELU(), nn.Linear(192, 48)).eval()
+    x = torch.randn(100, 64)
+    g = se.capture(model, (x,))
+    kept = {name: torch.rand(model[i].weight.shape) > 0.8 for i, name in ((0, "0.weight"), (2, "2.weight"))}
+    table = se.TeSATable({**{name: se.TeSA.from_mask(k, bits=8) for name, k in kept.items()},
+                          g.inputs[0]: se.TeSA.dense((1, 64), bits=8), "_1": se.TeSA.dense((1, 192), bits=8)})
+
+    def timed(fns, x, rounds):  # the decision is the pass's; what the clock says is the test's
+        return {name: (1.0 if name == faster else 2.0) for name in fns}
+
+    monkeypatch.setattr("sparta_explore.compile_fuse.fastest_ms", timed)
+    cm = compile(model, table, (x,), device=device, cache_dir=cache_dir, tune=False, kernels={"int8"})
+    first, second = cm.plan.ops["_0"], cm.plan.ops["_2"]
+    assert first.activation == "gelu"
+    fused = [type(m).__name__ for m in cm.module.modules()].count("FusedInt8Pair")
+    if faster == "fused":
+        assert fused == 1 and "fused with '_2'" in " ".join(first.notes) and "inside '_0'" in " ".join(second.notes)
+        assert [n.op for n in cm.module.graph.nodes].count("call_module") == 1
+    else:
+        assert fused == 0 and "kept apart" in " ".join(first.notes)
+    assert cm.checks["passed"].all()
+    with torch.no_grad():
+        w1, w2 = model[0].weight * kept["0.weight"], model[2].weight * kept["2.weight"]
+        hidden = nn.functional.gelu(quantized_linear(x, w1, model[0].bias))
+        torch.testing.assert_close(cm(x), quantized_linear(hidden, w2, model[2].bias), rtol=1e-3, atol=1e-3)
+
+
 def test_digits_cnn_compiles_convs_and_linears(device, cache_dir):
     model, x = build_model("digits-cnn"), example_inputs("digits-cnn", batch=16)
     g = se.capture(model, x)

@@ -52,3 +52,60 @@ ${loop}        }
     free(sq);
     free(ss);
 }
+
+/* Entry points for a fused driver that chains kernels tile by tile (kernels/fused_ffn.py): the
+   previous kernel's output tile (N x TILE floats, K-major for this one) is packed without ever
+   reaching memory as an M x N matrix. */
+long ${name}_tile_rows(void) { return TILE; }
+
+long ${name}_packed_bytes(void) { return (long)sizeof(${elem}) * XB_ELEMS; }
+
+void ${name}_pack_rows(const float *X, ${elem} *xq, float *sx, long m0, long mt) {
+    pack_tile(X, xq, sx, m0, mt, NULL);
+}
+
+void ${name}_run_tile(const ${elem} *xq, const float *sx, float *yb, const int32_t *W, const int32_t *corr,
+                      const float *ws, const float *bias) {
+    /* every chunk of one tile into yb (N_OUT x TILE): sums, empty rows, activation; nothing to Y */
+    const vf zero = {0}; const vf one = zero + 1.0f; (void)one;
+    const long m0 = 0, mt = TILE, c0 = 0, c1 = N_CHUNKS;
+    float *Y = NULL;
+    (void)m0; (void)mt;
+${loop}}
+
+void ${name}_pack_kmajor(const float *src, ${elem} *xq, float *sx) {
+    /* src is K_IN x TILE floats (a tile of the previous layer's output, K-major). Each row t gets its
+       own grid, as pack_tile gives rows of X: scale = max_k |src[k][t]| / QMAX, q = round-half-even;
+       ${word} k per packed 32-bit word (stored + ${offset}), 8 rows of M at a time in vectors */
+    const vf zero = {0}, magic = zero + 12582912.0f, top = zero + QMAX;
+    for (long t = 0; t < TILE; t += 8) {
+        vf m = zero;
+        for (long k = 0; k < K_IN; ++k) {
+            const vf v = LD(src + k * TILE + t);
+            m = vsel(v > m, v, m);
+            m = vsel(-v > m, -v, m);
+        }
+        ST(sx + t, vsel(m > zero, m / QMAX, zero + 1.0f));
+    }
+    int32_t *out = (int32_t *)xq;
+    for (long kw = 0; kw < K_PAD / ${word}; ++kw)
+        for (long t = 0; t < TILE; t += 8) {
+            const vf s = LD(sx + t);
+            vi w = {0};
+            for (int g = 0; g < ${word}; ++g) {
+                const long k = kw * ${word} + g;
+                vi q = w - w;
+                if (k < K_IN) {
+                    vf v = LD(src + k * TILE + t) / s;
+                    v = (v + magic) - magic;
+                    v = vsel(v > top, top, v);
+                    v = vsel(v < -top, -top, v);
+                    q = __builtin_convertvector(v, vi);
+                }
+                w |= ((q + ${offset}) & ${mask}) << (g * ${bits});
+            }
+            memcpy(out + kw * TILE + t, &w, sizeof w);
+        }
+}
+
+void ${name}_unpack(const float *yb, float *Y, long m0, long mt) { unpack_tile(yb, Y, m0, mt, 0, N_OUT); }

@@ -1,0 +1,44 @@
+#include <stdint.h>
+#include <stdlib.h>
+#include <omp.h>
+
+/* Two int8 kernels chained tile by tile: per tile of M rows, the first kernel packs its rows of X
+   and runs the whole tile into a private buffer (its activation included), the second packs that
+   buffer (K-major already) on its own grids, runs, and writes its rows of Y. The M x N intermediate
+   never goes to memory. The kernels are other libraries: their entry points come as pointers. */
+typedef void (*pack_rows_fn)(const float *X, void *xq, float *sx, long m0, long mt);
+typedef void (*run_tile_fn)(const void *xq, const float *sx, float *yb, const int32_t *W, const int32_t *corr,
+                            const float *ws, const float *bias);
+typedef void (*pack_kmajor_fn)(const float *src, void *xq, float *sx);
+typedef void (*unpack_fn)(const float *yb, float *Y, long m0, long mt);
+
+struct layer {
+    run_tile_fn run_tile;
+    const int32_t *W, *corr;
+    const float *ws, *bias;
+    long n_out, packed_bytes;
+};
+
+void fused_pair(const float *X, float *Y, long M, long T, pack_rows_fn pack_rows, const struct layer *a,
+                pack_kmajor_fn pack_kmajor, const struct layer *b, unpack_fn unpack) {
+    const long tiles = (M + T - 1) / T;
+    #pragma omp parallel
+    {
+        void *xa = aligned_alloc(64, (a->packed_bytes + 63) / 64 * 64);
+        void *xb = aligned_alloc(64, (b->packed_bytes + 63) / 64 * 64);
+        float *sa = aligned_alloc(64, sizeof(float) * ((T + 15) / 16 * 16));
+        float *sb = aligned_alloc(64, sizeof(float) * ((T + 15) / 16 * 16));
+        float *ya = aligned_alloc(64, sizeof(float) * a->n_out * T);
+        float *yb = aligned_alloc(64, sizeof(float) * b->n_out * T);
+        #pragma omp for schedule(static)
+        for (long i = 0; i < tiles; ++i) {
+            const long m0 = i * T, mt = M - m0 < T ? M - m0 : T;
+            pack_rows(X, xa, sa, m0, mt);
+            a->run_tile(xa, sa, ya, a->W, a->corr, a->ws, a->bias);
+            pack_kmajor(ya, xb, sb);
+            b->run_tile(xb, sb, yb, b->W, b->corr, b->ws, b->bias);
+            unpack(yb, Y, m0, mt);
+        }
+        free(xa); free(xb); free(sa); free(sb); free(ya); free(yb);
+    }
+}

@@ -1,0 +1,76 @@
+"""Fusion pass of `compile`: a chain of two int8 kernels becomes one tile-by-tile pair where it measures faster.
+
+After every op has its kernel, a linear compiled to a row-major `Int8SparseLinear` whose only
+reader is another such linear (a BERT FFN: fc1 with its GELU fused, then fc2) is timed
+against `FusedInt8Pair` on the op's recorded input (interleaved, fastest kept, as candidates
+are). Where the pair is faster, the first op's module becomes the pair and the second op's
+node goes; both ops say so in their notes, and so do pairs left apart (with both times).
+
+Example:
+    >>> fuse_pairs(gm, planned, compiled, op_inputs, runs=5, cache_dir=None)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from sparta_explore.device import fastest_ms
+from sparta_explore.kernels.build import KernelBuildError
+from sparta_explore.kernels.fused_ffn import FusedInt8Pair, fusable
+from sparta_explore.plan import OpPlan
+from sparta_explore.plan.sites import OUT_IN
+
+
+def _chained(gm: fx.GraphModule, first: OpPlan, by_node: Mapping[str, OpPlan]) -> tuple[fx.Node, OpPlan] | None:
+    """(first's node, the op reading it) when first's output goes to exactly that one compiled module op."""
+    if first.site.module_target is None or first.site.layout != OUT_IN:
+        return None
+    node = next((n for n in gm.graph.nodes if n.op == "call_module" and n.target == first.site.module_target), None)
+    if node is None or len(node.users) != 1:
+        return None
+    user = next(iter(node.users))
+    second = by_node.get(user.name)
+    if second is None or user.op != "call_module" or second.site.layout != OUT_IN or user.args[:1] != (node,):
+        return None
+    return node, second
+
+
+def fuse_pairs(gm: fx.GraphModule, planned: list[OpPlan], compiled: dict[str, nn.Module],
+               op_inputs: Mapping[str, torch.Tensor], runs: int, cache_dir: str | os.PathLike | None) -> None:
+    """Fuse, in `gm` and `compiled`, every chained int8 pair that runs faster fused (see the module docstring)."""
+    by_node = {op.op: op for op in planned if op.op in compiled}
+    for first in planned:
+        if first.op not in compiled:
+            continue
+        chain = _chained(gm, first, by_node)
+        if chain is None:
+            continue
+        node, second = chain
+        a, b = compiled[first.op], compiled.get(second.op)
+        if b is None or fusable(a, b) is not None:
+            continue
+        try:
+            fused = FusedInt8Pair(a, b, cache_dir=cache_dir)
+        except (KernelBuildError, OSError, ValueError) as e:
+            first.notes.append(f"fusion with {second.op!r} failed to build ({e})")
+            continue
+        fused.label = f"{first.op}+{second.op}"
+        with torch.inference_mode():
+            times = fastest_ms({"apart": nn.Sequential(a, b), "fused": fused}, op_inputs[first.op], runs)
+        said = f"apart {times['apart']:.3f} ms, fused {times['fused']:.3f} ms"
+        if not times["fused"] < times["apart"]:
+            first.notes.append(f"fusion with {second.op!r} measured slower ({said}): kept apart")
+            continue
+        user = next(iter(node.users))
+        gm.set_submodule(node.target, fused)
+        user.replace_all_uses_with(node)
+        gm.graph.erase_node(user)
+        compiled[first.op] = fused
+        del compiled[second.op]
+        first.notes.append(f"fused with {second.op!r}, tile by tile ({said})")
+        second.notes.append(f"runs inside {first.op!r}'s fused pair")

@@ -1,0 +1,79 @@
+"""FusedInt8Pair: two int8 kernels tile by tile give what the two ops give one after the other."""
+
+import copy
+import pickle
+
+import pytest
+import torch
+from torch import nn
+
+from sparta_explore.kernels import Int8SparseLinear, SparseLinear
+from sparta_explore.kernels.build import cpu_flags
+from sparta_explore.kernels.fused_ffn import FusedInt8Pair, fusable
+
+from .test_sparse_linear import block_mask
+
+pytestmark = pytest.mark.skipif("avx2" not in cpu_flags(), reason="int8 kernels need AVX2")
+
+VARIANTS = {"auto": {}, "int16": {"dot": None}, "u8": {"dot": None, "weight_bits": 4},
+            "vnni-emulated": {"dot": "avx512_vnni", "emulate_dot": True}}
+
+
+def _pair(tmp_path, k, n, activation, options, density=0.2, block=(1, 1), expected_m=64):
+    g = torch.Generator().manual_seed(k + n)
+    first = Int8SparseLinear(torch.randn(n, k, generator=g), torch.randn(n, generator=g),
+                             block_mask(n, k, block, density), activation=activation, cache_dir=tmp_path,
+                             expected_m=expected_m, **options)
+    second = Int8SparseLinear(torch.randn(k, n, generator=g), torch.randn(k, generator=g),
+                              block_mask(k, n, block, density), cache_dir=tmp_path, expected_m=expected_m, **options)
+    return first, second
+
+
+CASES = ([(variant, "gelu", 64, 256) for variant in VARIANTS]
+         + [("auto", act, 30, 50) for act in ("gelu", "relu", "none")])  # 30, 50: k not whole words, ragged
+
+
+@pytest.mark.parametrize("variant,activation,k,n", CASES)
+def test_fused_pair_matches_the_two_ops_in_turn(tmp_path, variant, activation, k, n):
+    first, second = _pair(tmp_path, k, n, activation, VARIANTS[variant])
+    fused = FusedInt8Pair(first, second, cache_dir=tmp_path)
+    for m in (1, 47, 200):  # within one tile, ragged, several tiles
+        x = torch.randn(m, k) * 3
+        with torch.no_grad():
+            want = second(first(x))
+            got = fused(x)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4 * (1 + float(want.abs().max())))
+        torch.testing.assert_close(fused.reference(x), second.reference(first.reference(x)))
+
+
+@pytest.mark.parametrize("block,density", [((32, 32), 0.3), ((1, 1), 0.0), ((1, 1), 1.0)])
+def test_fused_pair_on_blocks_empty_and_full_weights(tmp_path, block, density):
+    first, second = _pair(tmp_path, 64, 96, "gelu", {}, density, block)
+    fused = FusedInt8Pair(first, second, cache_dir=tmp_path)
+    x = torch.randn(3, 5, 64)  # leading dimensions kept
+    with torch.no_grad():
+        got = fused(x)
+        torch.testing.assert_close(got, second(first(x)), rtol=1e-5, atol=1e-3)
+    assert got.shape == (3, 5, 64)
+
+
+def test_what_cannot_fuse_is_refused_with_the_reason(tmp_path):
+    first, second = _pair(tmp_path, 64, 96, "none", {})
+    assert fusable(first, second) is None
+    assert "row-major Int8SparseLinear" in fusable(first, SparseLinear(torch.randn(64, 96), None,
+                                                                        torch.ones(64, 96, dtype=torch.bool)))
+    assert "feed" in fusable(first, first)
+    wide = Int8SparseLinear(torch.randn(64, 96), None, torch.rand(64, 96) > 0.9, expected_m=4096, cache_dir=tmp_path)
+    if wide._tile != first._tile:  # wide one-row VNNI tiles only exist with VNNI
+        assert "tiles of" in fusable(first, wide)
+    with pytest.raises(ValueError, match="cannot fuse"):
+        FusedInt8Pair(first, nn.Linear(96, 64))
+
+
+def test_fused_pair_copies_and_pickles(tmp_path):
+    fused = FusedInt8Pair(*_pair(tmp_path, 64, 96, "gelu", {}), cache_dir=tmp_path)
+    x = torch.randn(20, 64)
+    with torch.no_grad():
+        want = fused(x)
+        for other in (copy.deepcopy(fused), pickle.loads(pickle.dumps(fused))):
+            torch.testing.assert_close(other(x), want)
