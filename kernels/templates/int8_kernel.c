@@ -78,15 +78,15 @@ void ${name}_pack_kmajor(const float *src, ${elem} *xq, float *sx) {
        own grid, as pack_tile gives rows of X: scale = max_k |src[k][t]| / QMAX, q = round-half-even;
        ${word} k per packed 32-bit word (stored + ${offset}), 8 rows of M at a time in vectors */
     const vf zero = {0}, magic = zero + 12582912.0f, top = zero + QMAX;
-    for (long t = 0; t < TILE; t += 8) {
-        vf m = zero;
-        for (long k = 0; k < K_IN; ++k) {
-            const vf v = LD(src + k * TILE + t);
-            m = vsel(v > m, v, m);
-            m = vsel(-v > m, -v, m);
+    vf m[TILE / 8];  /* k outer: one sweep over src (t outer swept it TILE / 8 times, 3 of 23 ms in a BERT FFN) */
+    for (long i = 0; i < TILE / 8; ++i) m[i] = zero;
+    for (long k = 0; k < K_IN; ++k)
+        for (long i = 0; i < TILE / 8; ++i) {
+            const vf v = LD(src + k * TILE + 8 * i);
+            m[i] = vsel(v > m[i], v, m[i]);
+            m[i] = vsel(-v > m[i], -v, m[i]);
         }
-        ST(sx + t, vsel(m > zero, m / QMAX, zero + 1.0f));
-    }
+    for (long i = 0; i < TILE / 8; ++i) ST(sx + 8 * i, vsel(m[i] > zero, m[i] / QMAX, zero + 1.0f));
     int32_t *out = (int32_t *)xq;
     for (long kw = 0; kw < K_PAD / ${word}; ++kw)
         for (long t = 0; t < TILE; t += 8) {
