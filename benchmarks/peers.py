@@ -174,6 +174,8 @@ def run_ffn(case: Case, repeats: int) -> dict[str, np.ndarray]:
         case.ours_err = rel_err(cm(x), masked(x))
         case.ours_ms = medians([lambda: cm(x)], repeats)[0] * 1e3
     case.notes.append("compile: " + ", ".join(str(op.chosen) for op in cm.plan.ops.values()))
+    fusion = [note for op in cm.plan.ops.values() for note in op.notes if note.startswith("fus")]
+    case.notes += fusion  # whether the FFN ran as one fused int8 pair, with both measured times
     return {"w1": masked[0].weight.detach().numpy(), "b1": masked[0].bias.detach().numpy(),
             "w2": masked[2].weight.detach().numpy(), "b2": masked[2].bias.detach().numpy(), "x": x.numpy()}
 
