@@ -80,16 +80,10 @@ class ImplicitConvLinear(SparseLinear):
         return ImplicitConvLinear(self.weight, self.bias, self.kept_mask, _resized(self.geometry, in_hw),
                                   tile=self.tile, expected_m=self.expected_m, **self._options)
 
-    def _check(self) -> None:
-        g = torch.Generator().manual_seed(0)
+    def _check_input(self, g: torch.Generator) -> torch.Tensor:
+        """Random images covering at least two tiles and a ragged one."""
         images = max(1, math.ceil((2 * self._tile + 3) / math.prod(self.geometry.out_hw)))
-        x = torch.randn(images, *self.in_shape, generator=g)
-        with torch.no_grad():
-            got, want = self._fast(x), self.reference(x)
-        tol = 1e-4 * (1 + float(want.abs().max()))
-        err = float((got - want).abs().max())
-        if not err <= tol:
-            raise AssertionError(f"max error {err:.3g} over tolerance {tol:.3g}")
+        return torch.randn(images, *self.in_shape, generator=g)
 
     def _fast(self, x: torch.Tensor) -> torch.Tensor:
         _check_conv_input(self, x)
@@ -144,7 +138,7 @@ class Int8ConvLinear(Int8SparseLinear):
         return self.geometry.quantized_io(tile_rows, elem, word, offset)
 
     in_shape = ImplicitConvLinear.in_shape
-    _check = ImplicitConvLinear._check
+    _check_input = ImplicitConvLinear._check_input
 
     def for_input(self, in_hw: tuple[int, int]) -> Int8ConvLinear:
         """The same pattern, grids and fusion built for inputs of `in_hw` pixels."""

@@ -120,9 +120,12 @@ class KernelLinear(CompiledOp):
             warnings.warn(f"{type(self).__name__} {self.out_features}x{self.in_features}: kernel unusable ({e}); "
                           "running the reference op", KernelFallbackWarning, stacklevel=2)
 
+    def _check_input(self, g: torch.Generator) -> torch.Tensor:
+        """A random input covering two whole tiles and a ragged one."""
+        return torch.randn(2 * self._tile + 3, self.in_features, generator=g)
+
     def _check(self) -> None:
-        g = torch.Generator().manual_seed(0)
-        x = torch.randn(2 * self._tile + 3, self.in_features, generator=g)
+        x = self._check_input(torch.Generator().manual_seed(0))
         with torch.no_grad():
             got, want = self._fast(x), self.reference(x)
         tol = 1e-4 * (1 + float(want.abs().max()))
