@@ -23,6 +23,7 @@ import numpy as np
 
 from sparta_explore.activations import ACTIVATIONS
 from sparta_explore.kernels.c_templates import c_fill, c_text
+from sparta_explore.kernels.kernel_io import KernelIO
 from sparta_explore.kernels.panels import ONE_WORD, Panels, cut_panels, panel_rows
 
 R_MAX = 4  # output rows per register tile (default)
@@ -325,34 +326,9 @@ static void act_rows(float *yb, long r0, long r1) {{
 
 
 PACK_TILE = c_text("pack_tile_fp32.c")
-
-
-@dataclass(frozen=True)
-class KernelIO:
-    """How an fp32 kernel reads and writes: C of `pack_tile` (input tile -> K-major `xb`), of `unpack_tile`
-    (N x TILE `yb` -> output) and the macros they need. `ROWS_IO`: X and Y row-major (a linear); a
-    convolution packs its im2col rows from NCHW instead (`conv_geometry.ConvGeometry.kernel_io`).
-    """
-
-    pack: str
-    unpack: str
-    defines: str = ""
-    x_offsets: tuple[int, ...] | None = None  # offset in xb of each packed word (of k); None: word * TILE
-    one_word: bool = False  # offsets are not evenly spaced in k: every piece must be one k
-
-    def offsets(self, k: np.ndarray, tile: int, word: int = 1) -> np.ndarray:
-        """Where (in packed elements) the kernel reads the packed word holding column k, per entry of `k`.
-
-        Example:
-            >>> ROWS_IO.offsets(np.array([0, 4, 8]), tile=48, word=4).tolist()
-            [0, 192, 384]
-        """
-        if self.x_offsets is None:
-            return k // word * tile * word
-        return np.asarray(self.x_offsets, dtype=np.int64)[k // word]
-
-
 ROWS_IO = KernelIO(PACK_TILE, UNPACK_TILE)
+
+
 
 
 def fp32_driver(name: str, body: str) -> str:

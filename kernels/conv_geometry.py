@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 from torch import nn
 
-from sparta_explore.kernels.bsr_codegen import KernelIO
 from sparta_explore.kernels.c_templates import c_fill, c_text
+from sparta_explore.kernels.kernel_io import KernelIO
 
 
 @dataclass(frozen=True)
