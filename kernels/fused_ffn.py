@@ -6,7 +6,10 @@ fc1's pack and whole tile (activation included) into a private buffer, fc2's pac
 that buffer (already K-major for fc2: `..._pack_kmajor`, each row of M on its own grid as
 fc2's own packing would give it), fc2's tile, and fc2's write to Y. Both kernels stay what
 they are (their own libraries, their own baked tables); the driver gets their entry points
-as pointers. Same numbers as the two ops one after the other: `reference` runs them so.
+as pointers. The same computation as the two ops one after the other (`reference` runs them
+so), with one caveat: fc1's fp32 outputs can differ from the unfused build's in the last bit
+(the compiler contracts multiply-adds per inlining context), so a value exactly halfway
+between two of fc2's grid levels can round the other way (about 1 row in 1000 in tests).
 
 Example:
     >>> ffn = FusedInt8Pair(fc1, fc2)  # doctest: +SKIP
