@@ -16,6 +16,8 @@ from .test_sparse_linear import block_mask
 
 needs_avx2 = pytest.mark.skipif("avx2" not in cpu_flags(), reason="int8 kernels need AVX2")
 
+SLOW = pytest.mark.slow  # the full matrix runs in `make test-slow`; `make test` keeps a case of each kind
+
 GEOMETRIES = [  # (kernel, stride, padding, dilation, padding_mode)
     (1, 1, 0, 1, "zeros"),      # pointwise: no im2col
     (3, 1, 1, 1, "zeros"),
@@ -44,8 +46,10 @@ def _want(conv, masked, x, act=lambda y: y):
 DENSITIES = [((1, 1), 0.1), ((4, 9), 0.3), ((1, 1), 0.0), ((1, 1), 1.0)]
 TILES = {"rows": TileConfig(), "segments": TileConfig(6, 2, 6, layout="segments"),
          "panels": TileConfig(4, 3, 6, panel=True)}
-IMPLICIT_CASES = ([(g, b, d, "rows") for g in GEOMETRIES for b, d in DENSITIES]
-                  + [(g, b, d, t) for g in GEOMETRIES[1:4] for b, d in DENSITIES[:2] for t in ("segments", "panels")])
+IMPLICIT_CASES = ([pytest.param(g, b, d, "rows", marks=() if i < 2 or g is GEOMETRIES[1] else SLOW)
+                   for g in GEOMETRIES for i, (b, d) in enumerate(DENSITIES)]
+                  + [pytest.param(g, b, d, t, marks=() if g is GEOMETRIES[1] else SLOW)
+                     for g in GEOMETRIES[1:4] for b, d in DENSITIES[:2] for t in ("segments", "panels")])
 
 
 @pytest.mark.parametrize("geometry,block,density,tile", IMPLICIT_CASES)
@@ -114,8 +118,12 @@ def test_implicit_gemm_conv_refuses_what_it_was_not_built_for(tmp_path):
         ImplicitConvLinear(w2d[:, :50], None, kept[:, :50], ConvGeometry.of(conv, (7, 9)))
 
 
-@pytest.mark.parametrize("geometry", GEOMETRIES)
-@pytest.mark.parametrize("block,density", [((1, 1), 0.1), ((4, 9), 0.3), ((1, 1), 0.0), ((1, 1), 1.0)])
+UNFOLD_CASES = [pytest.param(g, b, d, marks=() if i < 2 or g is GEOMETRIES[1] else SLOW)
+                for g in GEOMETRIES for i, (b, d) in enumerate([((1, 1), 0.1), ((4, 9), 0.3), ((1, 1), 0.0),
+                                                                ((1, 1), 1.0)])]
+
+
+@pytest.mark.parametrize("geometry,block,density", UNFOLD_CASES)
 def test_fp32_sparse_conv_matches_the_masked_convolution(tmp_path, geometry, block, density):
     conv = _conv(geometry)
     w2d = conv.weight.detach().reshape(conv.out_channels, -1)
@@ -193,7 +201,8 @@ INT8_VARIANTS = {"auto": {}, "int16": {"dot": None}, "u8": {"dot": None, "weight
                  "vnni-emulated": {"dot": "avx512_vnni", "emulate_dot": True}}
 
 
-INT8_CASES = ([(g, 6, (1, 1), 0.1, v) for g in INT8_GEOMETRIES for v in INT8_VARIANTS]  # 6: channels padded
+INT8_CASES = ([pytest.param(g, 6, (1, 1), 0.1, v, marks=() if v == "auto" or g is INT8_GEOMETRIES[1] else SLOW)
+               for g in INT8_GEOMETRIES for v in INT8_VARIANTS]  # 6: channels padded
               + [(INT8_GEOMETRIES[1], c, b, d, "auto") for c in (6, 8) for b, d in DENSITIES]
               + [(INT8_GEOMETRIES[2], 8, (4, 9), 0.3, v) for v in ("int16", "u8", "vnni-emulated")])
 
