@@ -158,8 +158,8 @@ class ConvGeometry:
         bits = 32 // word
         mask = (1 << bits) - 1
         zero_word = sum((offset & mask) << (g * bits) for g in range(word))
-        pack = c_fill("pack_tile_window_q.c", elem=elem, word=word, offset=offset, bits=bits, mask=hex(mask),
-                      zero_word=f"(int32_t){hex(zero_word)}u")
+        pack = c_text("window_span.c") + c_fill("pack_tile_window_q.c", elem=elem, word=word, offset=offset,
+                                                bits=bits, mask=hex(mask), zero_word=f"(int32_t){hex(zero_word)}u")
         return KernelIO(pack, c_text("unpack_tile_window.c"),
                         self.defines(tile, windows=True) + f"#define XB_ELEMS ({cpad * window}L)\n", offsets,
                         one_word=True)
@@ -167,6 +167,7 @@ class ConvGeometry:
     def kernel_io(self, tile: int) -> KernelIO:
         """Input packing and output writing of an fp32 kernel with `tile` rows per tile run as this convolution."""
         if self.windowed:
-            return KernelIO(c_text("pack_tile_window.c"), c_text("unpack_tile_window.c"), self.defines(tile),
-                            self.window_offsets(tile), one_word=True)
+            pack = c_text("window_span.c") + c_text("pack_tile_window.c")
+            return KernelIO(pack, c_text("unpack_tile_window.c"), self.defines(tile), self.window_offsets(tile),
+                            one_word=True)
         return KernelIO(c_text("pack_tile_nchw.c"), c_text("unpack_tile_nchw.c"), self.defines(tile))

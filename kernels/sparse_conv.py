@@ -92,12 +92,8 @@ class ImplicitConvLinear(SparseLinear):
         x = x.contiguous()
         oh, ow = self.geometry.out_hw
         y = output_pool.take((x.shape[0], self.out_features, oh, ow))
-        self._run_rows(x, y, x.shape[0] * self.geometry.rows_per_image(self._tile))
+        self._run(x, y, x.shape[0] * self.geometry.rows_per_image(self._tile))
         return y
-
-    def _run_rows(self, x: torch.Tensor, y: torch.Tensor, rows: int) -> None:
-        self._fn(x.data_ptr(), y.data_ptr(), rows, self._packed.data_ptr(),
-                 None if self.bias is None else self.bias.data_ptr())
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """`F.conv2d` with the masked weight (zero padding as built), then the activation, in `x`'s dtype."""

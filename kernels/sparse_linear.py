@@ -208,8 +208,8 @@ class SparseLinear(KernelLinear):
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
         self._fn = fn
 
-    def _run(self, x2: torch.Tensor, y: torch.Tensor) -> None:
-        self._fn(x2.data_ptr(), y.data_ptr(), x2.shape[0], self._packed.data_ptr(),
+    def _run(self, x2: torch.Tensor, y: torch.Tensor, rows: int | None = None) -> None:
+        self._fn(x2.data_ptr(), y.data_ptr(), x2.shape[0] if rows is None else rows, self._packed.data_ptr(),
                  None if self.bias is None else self.bias.data_ptr())
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,15 @@ ${defines}#ifndef XB_ELEMS
 #include <immintrin.h>
 ${prelude}${extra}
 static inline float bias_of(const float *bias, long n) { return bias ? bias[n] : 0.0f; }
+static inline vi vquantize(vf v) {
+    /* v = x / scale onto the grid: round half to even by adding 1.5 * 2^23 (|v| <= QMAX by the choice of
+       scale, far inside its exact range), clamp (ties at the edge), convert */
+    const vf zero = {0}, magic = zero + 12582912.0f, top = zero + QMAX;
+    v = (v + magic) - magic;
+    v = vsel(v > top, top, v);
+    v = vsel(v < -top, -top, v);
+    return __builtin_convertvector(v, vi);
+}
 ${tables}${tiles}
 ${unpack}
 ${row_scale}
@@ -77,7 +86,7 @@ void ${name}_pack_kmajor(const float *src, ${elem} *xq, float *sx) {
     /* src is K_IN x TILE floats (a tile of the previous layer's output, K-major). Each row t gets its
        own grid, as pack_tile gives rows of X: scale = max_k |src[k][t]| / QMAX, q = round-half-even;
        ${word} k per packed 32-bit word (stored + ${offset}), 8 rows of M at a time in vectors */
-    const vf zero = {0}, magic = zero + 12582912.0f, top = zero + QMAX;
+    const vf zero = {0};
     vf m[TILE / 8];  /* k outer: one sweep over src (t outer swept it TILE / 8 times, 3 of 23 ms in a BERT FFN) */
     for (long i = 0; i < TILE / 8; ++i) m[i] = zero;
     for (long k = 0; k < K_IN; ++k)
@@ -94,14 +103,7 @@ void ${name}_pack_kmajor(const float *src, ${elem} *xq, float *sx) {
             vi w = {0};
             for (int g = 0; g < ${word}; ++g) {
                 const long k = kw * ${word} + g;
-                vi q = w - w;
-                if (k < K_IN) {
-                    vf v = LD(src + k * TILE + t) / s;
-                    v = (v + magic) - magic;
-                    v = vsel(v > top, top, v);
-                    v = vsel(v < -top, -top, v);
-                    q = __builtin_convertvector(v, vi);
-                }
+                const vi q = k < K_IN ? vquantize(LD(src + k * TILE + t) / s) : w - w;
                 w |= ((q + ${offset}) & ${mask}) << (g * ${bits});
             }
             memcpy(out + kw * TILE + t, &w, sizeof w);

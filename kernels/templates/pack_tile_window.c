@@ -11,19 +11,15 @@ static void pack_tile(const float *X, float *xb, long m0, long mt) {
         const float *plane = X + (img * CONV_C + c) * (CONV_H * CONV_W);
         float *dst = xb + c * CONV_CW;
         for (long f = q0, end = q0 + CONV_CW; f < end;) {
-            const long col = f % CONV_WP, ih = f / CONV_WP - CONV_PH;
-            const long len = CONV_WP - col < end - f ? CONV_WP - col : end - f;
+            long ih, lo, hi;
+            const long len = window_span(f, end, &ih, &lo, &hi);
             float *d = dst + (f - q0);
-            long lo = 0, hi = 0;  /* d[lo..hi) reads input row ih, the rest is zero padding */
-            if (ih >= 0 && ih < CONV_H) {
-                lo = CONV_PW - col > 0 ? CONV_PW - col : 0;
-                hi = CONV_PW + CONV_W - col < len ? CONV_PW + CONV_W - col : len;
-                lo = lo < hi ? lo : hi;
-                const float *row = plane + ih * CONV_W + (col - CONV_PW);
+            if (lo < hi) {
+                const float *row = plane + ih * CONV_W + f % CONV_WP - CONV_PW;
                 for (long u = lo; u < hi; ++u) d[u] = row[u];
             }
             for (long u = 0; u < lo; ++u) d[u] = 0.0f;
-            for (long u = hi > lo ? hi : lo; u < len; ++u) d[u] = 0.0f;
+            for (long u = hi; u < len; ++u) d[u] = 0.0f;
             f += len;
         }
     }
