@@ -11,7 +11,7 @@ PEERS := .venv-peers
 PEERS_BIN := $(PEERS)/bin
 PEERS_STAMP := $(PEERS)/.peers-installed
 
-.PHONY: demo test test-slow lint clean bench-peers
+.PHONY: demo test test-slow lint clean bench-peers latency-vs-flops
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,11 +22,20 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/sparta-explore demo
 
+# The NNI remote-training-service test starts its own sshd: .ci/install-sshd installs OpenSSH's
+# server where root apt-get can (its service not started); elsewhere that test skips, saying why.
 test: $(STAMP)
+	.ci/install-sshd
 	$(BIN)/python -m pytest -q -m "not slow"
 
 test-slow: $(STAMP)
+	.ci/install-sshd
 	$(BIN)/python -m pytest -q -m slow
+
+# Latency-guided vs FLOPs-guided search, 4 searches x 24 trials x 3 seeds on digits-ffn and digits-cnn-wide
+# (~1 h on 2 cores; resumable): `make latency-vs-flops ARGS="--budget 12 --seeds 2"`.
+latency-vs-flops: $(STAMP)
+	$(BIN)/python experiments/latency_vs_flops.py $(ARGS)
 
 # torch comes from the local CPU wheel (--find-links /opt/wheels, pinned), so pip never pulls a CUDA build.
 $(PEERS_STAMP):

@@ -128,7 +128,7 @@ def _with_schemes(cfg_list: list[dict[str, Any]], weight: str | None, activation
 
 
 def nni_quant_configs(request: QuantRequest, model: nn.Module) -> list[NNIQuantConfig]:
-    """NNIQuantConfig at `request.bits` for weights and inputs of the request's layers.
+    """NNIQuantConfig: weights at `request.bits`, inputs at its `input_bits` (none if weight-only).
 
     Example:
         >>> nni_quant_configs(QuantRequest(8, ("0",)), nn.Sequential(nn.Linear(2, 2)))[0].op_types
@@ -136,7 +136,9 @@ def nni_quant_configs(request: QuantRequest, model: nn.Module) -> list[NNIQuantC
     """
     named = dict(model.named_modules())
     op_types = tuple(sorted({type(named[n]).__name__ for n in request.layers}))
-    return [NNIQuantConfig(weight_bits=request.bits, activation_bits=request.bits, op_types=op_types,
+    targets = ("weight", "_input_") if request.quantizes_inputs else ("weight",)
+    act_bits = request.input_bits if request.quantizes_inputs else 8
+    return [NNIQuantConfig(weight_bits=request.bits, activation_bits=act_bits, targets=targets, op_types=op_types,
                            op_names=request.layers, training_steps=request.training_steps)]
 
 

@@ -26,20 +26,34 @@ QuantBits = dict[str, dict[str, tuple[int, NumberFormat]]]
 
 @dataclass(frozen=True)
 class QuantRequest:
-    """What an exploration trial asks of a quantizer: `bits` for the weights and inputs of `layers`.
+    """What an exploration trial asks of a quantizer: `bits` for the weights of `layers`, `act_bits` for their inputs.
+
+    `act_bits` None means the inputs take `bits` too; 32 leaves the inputs in float
+    (weight-only quantization).
 
     Example:
-        >>> QuantRequest(8, ("fc1",)).bits
-        8
+        >>> QuantRequest(8, ("fc1",)).input_bits, QuantRequest(4, ("fc1",), act_bits=32).quantizes_inputs
+        (8, False)
     """
 
     bits: int
     layers: tuple[str, ...]
     training_steps: int = 20
+    act_bits: int | None = None
 
     def __post_init__(self) -> None:
         if not self.layers:
             raise ConfigError("the workload has no layer to quantize")
+
+    @property
+    def input_bits(self) -> int:
+        """The inputs' width: `act_bits`, else `bits`."""
+        return self.bits if self.act_bits is None else self.act_bits
+
+    @property
+    def quantizes_inputs(self) -> bool:
+        """False for weight-only requests (inputs stay 32-bit float)."""
+        return self.input_bits < 32
 
 _QUANTIZERS: Registry[CompressorEntry] = Registry("quantizer", suffix="quantizer")
 

@@ -51,14 +51,18 @@ class UniformQuantConfig:
 
 
 def uniform_configs(request: QuantRequest, model: nn.Module) -> list[UniformQuantConfig]:
-    """Symmetric int grids (what the int8 kernels run) at `request.bits` for weights and inputs of its layers.
+    """Symmetric int grids (what the int8 kernels run): weights at `request.bits`, inputs at its `input_bits`.
 
     Example:
         >>> uniform_configs(QuantRequest(4, ("0",)), None)[0].activation_fmt
         'int'
+        >>> uniform_configs(QuantRequest(4, ("0",), act_bits=32), None)[0].targets
+        ('weight',)
     """
-    return [UniformQuantConfig(weight_bits=request.bits, activation_bits=request.bits, activation_fmt="int",
-                               op_types=PRUNABLE_TYPES, op_names=request.layers)]
+    targets = ("weight", "_input_") if request.quantizes_inputs else ("weight",)
+    act_bits = request.input_bits if request.quantizes_inputs else 8
+    return [UniformQuantConfig(weight_bits=request.bits, activation_bits=act_bits, activation_fmt="int",
+                               targets=targets, op_types=PRUNABLE_TYPES, op_names=request.layers)]
 
 
 @register_quantizer("uniform", config_type=UniformQuantConfig, from_request=uniform_configs)

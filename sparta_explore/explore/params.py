@@ -21,7 +21,10 @@ Fields (defaults in brackets):
   pruners, elements for Level); N:M: (1, m), with n = m * (1 - sparsity). JSON may give
   it as [32, 32] or "32x32".
 * ``bits`` [32]: 32 = fp32; 2..8 = integer weights and activations through ``quantizer``
-  [uniform] (the int8 kernels run 2..8-bit grids).
+  [uniform] (the int8 kernels run 2..8-bit grids). ``act_bits`` [None]: the inputs' width
+  when it differs from the weights' (2..8), or 32 for weight-only quantization.
+* ``pattern`` and ``precision`` (see `explore.families`) are accepted by `from_dict` as
+  single keys that set pruner/block(/sparsity) and bits/act_bits together.
 * ``calibrate`` [False]: after fine-tuning, distillation calibration (quantizers.calibrate)
   lowers each tensor below ``bits`` (16, 8, 4) while the accuracy drop on held-out
   training digits stays within ``calibrate_threshold`` [0.01]; with bits=32 it alone
@@ -49,13 +52,13 @@ from typing import Any
 
 from sparta_explore.cache import content_key
 from sparta_explore.errors import ConfigError
+from sparta_explore.explore.families import LAYER_KEY, expand_aliases
 from sparta_explore.explore.objectives import check_target, get_objective
 from sparta_explore.workload import check_reference
 
 FLOAT_BITS = 32
 INT_BITS = range(2, 9)  # what the int8 kernels run (fake_quant.INT_BITS)
 SCOPES = ("layer", "global")
-LAYER_KEY = "sparsity@"  # flat per-layer key prefix: "sparsity@layers.0"
 
 
 def _layer_sparsity(value: Any) -> tuple[tuple[str, float], ...]:
@@ -153,6 +156,7 @@ class TrialParams:
     scope: str = "layer"
     block: tuple[int, int] | None = (32, 32)
     bits: int = FLOAT_BITS
+    act_bits: int | None = None
     quantizer: str = "uniform"
     calibrate: bool = False
     calibrate_threshold: float = 0.01
@@ -174,6 +178,10 @@ class TrialParams:
         put(self, "target", check_target(_as_float("target", self.target)))
         put(self, "calibrate", _as_bool("calibrate", self.calibrate))
         put(self, "block", parse_block(self.block))
+        if self.act_bits is not None:
+            put(self, "act_bits", _as_int("act_bits", self.act_bits))
+            if self.act_bits == self.bits:  # one spelling per point: the sweep key must not split it
+                put(self, "act_bits", None)
         if self.batch is not None:
             put(self, "batch", _as_int("batch", self.batch))
             if self.batch < 1:
@@ -185,6 +193,11 @@ class TrialParams:
         if self.bits != FLOAT_BITS and self.bits not in INT_BITS:
             raise ConfigError(f"bits must be {FLOAT_BITS} (float) or {INT_BITS.start}..{INT_BITS.stop - 1} "
                               f"(integer kernels), got {self.bits}")
+        if self.act_bits is not None and (self.bits == FLOAT_BITS or
+                                          (self.act_bits != FLOAT_BITS and self.act_bits not in INT_BITS)):
+            raise ConfigError(f"act_bits must be {FLOAT_BITS} (weight-only) or {INT_BITS.start}.."
+                              f"{INT_BITS.stop - 1}, with integer bits; got act_bits={self.act_bits}, "
+                              f"bits={self.bits}")
         if not 0.0 <= self.calibrate_threshold < 1.0:
             raise ConfigError(f"calibrate_threshold must be in [0, 1), got {self.calibrate_threshold}")
         if self.finetune_epochs < 0:
@@ -200,13 +213,13 @@ class TrialParams:
             >>> TrialParams.from_dict({"sparsity": 0.5, "spasity": 0.9})
             Traceback (most recent call last):
             ...
-            sparta_explore.errors.ConfigError: unknown trial parameter 'spasity'; known: batch, bits, ...
+            sparta_explore.errors.ConfigError: unknown trial parameter 'spasity'; known: act_bits, batch, bits, ...
         """
         if isinstance(values, TrialParams):
             return values
         if not isinstance(values, Mapping):
             raise ConfigError(f"trial parameters must be a dict, got {type(values).__name__}")
-        values = dict(values)
+        values = expand_aliases(values)
         if "model" in values:  # the key's old name
             if "workload" in values and values["workload"] != values["model"]:
                 raise ConfigError(f"both workload={values['workload']!r} and model={values['model']!r} given")
@@ -233,6 +246,8 @@ class TrialParams:
         out = dataclasses.asdict(self)
         out["block"] = None if self.block is None else list(self.block)
         out["layer_sparsity"] = dict(self.layer_sparsity)
+        if self.act_bits is None:  # absent, not null: keys of points that predate the field stay the same
+            del out["act_bits"]
         return out
 
     def sparsity_of(self, layer: str) -> float:

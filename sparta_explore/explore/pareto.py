@@ -62,10 +62,40 @@ def pareto_front(df: pd.DataFrame, cost: str = "latency_ms", value: str = "accur
     return df[mask].sort_values([cost, value], ascending=[True, False], kind="stable")
 
 
-def guided_front(df: pd.DataFrame, guide: str, value: str = "accuracy") -> pd.DataFrame:
+def machines_of(df: pd.DataFrame) -> list[str]:
+    """The distinct measuring machines (`sparta_explore.machine` keys) of the rows; rows without one add none.
+
+    Example:
+        >>> machines_of(pd.DataFrame({"machine": ["a", "b", "a", None]}))
+        ['a', 'b']
+    """
+    if "machine" not in df.columns:
+        return []
+    return sorted({str(m) for m in df["machine"].dropna() if str(m)})
+
+
+def check_one_machine(df: pd.DataFrame, *, mix_machines: bool = False) -> None:
+    """Refuse rows measured on several machines (their latencies do not compare) unless `mix_machines`.
+
+    Example:
+        >>> check_one_machine(pd.DataFrame({"machine": ["a", "b"]}))
+        Traceback (most recent call last):
+        ...
+        sparta_explore.errors.ConfigError: the rows were measured on 2 machines (a, b): a front of latencies ...
+    """
+    machines = machines_of(df)
+    if len(machines) > 1 and not mix_machines:
+        raise ConfigError(f"the rows were measured on {len(machines)} machines ({', '.join(machines)}): a front of "
+                          "latencies from different machines compares the machines, not the models; select one "
+                          "machine's rows, or pass mix_machines=True")
+
+
+def guided_front(df: pd.DataFrame, guide: str, value: str = "accuracy", *,
+                 mix_machines: bool = False) -> pd.DataFrame:
     """The front a `guide`-guided search keeps: "latency" (measured) or "flops" (effective FLOPs).
 
-    Rows come back by ascending measured latency, ready to plot on the latency axis.
+    Rows come back by ascending measured latency, ready to plot on the latency axis. Rows
+    from several machines are refused unless `mix_machines` (see `check_one_machine`).
 
     Example:
         >>> df = pd.DataFrame({"latency_ms": [1.0, 2.0], "effective_flops": [9, 5], "accuracy": [0.9, 0.9]})
@@ -74,6 +104,7 @@ def guided_front(df: pd.DataFrame, guide: str, value: str = "accuracy") -> pd.Da
     """
     if guide not in GUIDE_COST:
         raise ConfigError(f"guide must be one of {sorted(GUIDE_COST)}, got {guide!r}")
+    check_one_machine(df, mix_machines=mix_machines)
     front = pareto_front(df, GUIDE_COST[guide], value)
     return front.sort_values(["latency_ms", value], ascending=[True, False], kind="stable")
 
@@ -123,7 +154,8 @@ def reference_point(df: pd.DataFrame) -> tuple[float, float]:
     return float(df["dense_latency_ms"].median()), 0.0
 
 
-def front_hypervolume(df: pd.DataFrame, guide: str, ref: tuple[float, float] | None = None) -> float:
+def front_hypervolume(df: pd.DataFrame, guide: str, ref: tuple[float, float] | None = None, *,
+                      mix_machines: bool = False) -> float:
     """Hypervolume, on measured latency and accuracy, of the `guide`-guided front.
 
     Example:
@@ -132,5 +164,5 @@ def front_hypervolume(df: pd.DataFrame, guide: str, ref: tuple[float, float] | N
         >>> round(front_hypervolume(df, "latency"), 6), round(front_hypervolume(df, "flops"), 6)
         (1.8, 0.9)
     """
-    front = guided_front(df, guide)
+    front = guided_front(df, guide, mix_machines=mix_machines)
     return hypervolume(front["latency_ms"], front["accuracy"], ref or reference_point(df))

@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from sparta_explore.errors import ConfigError
-from sparta_explore.explore.pareto import front_hypervolume, guided_front, pareto_front, reference_point
+from sparta_explore.explore.pareto import front_hypervolume, guided_front, machines_of, pareto_front, reference_point
 
 ACCURACY_LATENCY_PNG = "pareto_accuracy_latency.png"
 LATENCY_FLOPS_PNG = "latency_vs_flops.png"
@@ -165,18 +165,27 @@ def _save(fig: Any, path: str | os.PathLike, plt: Any) -> Path:
 
 
 def result_groups(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """(suffix, rows) per (model, batch) group; the suffix is "" when there is only one group.
+    """(suffix, rows) per (model, batch, machine) group; the suffix is "" when there is only one group.
+
+    Rows measured on different machines never share a figure or a front: the machine key
+    joins the suffix when the rows come from more than one.
 
     Example:
         >>> [s for s, _ in result_groups(pd.DataFrame({"workload": ["a", "b"], "batch": [1, 1]}))]
         ['-a-b1', '-b-b1']
+        >>> two = pd.DataFrame({"workload": ["a", "a"], "batch": [1, 1], "machine": ["m1", "m2"]})
+        >>> [s for s, _ in result_groups(two)]
+        ['-a-b1-m1', '-a-b1-m2']
     """
     if df.empty:
         return []
-    groups = list(df.groupby(["workload", "batch"], sort=True))
+    several = len(machines_of(df)) > 1
+    keys = ["workload", "batch"] + (["machine"] if several else [])
+    groups = list(df.groupby(keys, sort=True))
     if len(groups) == 1:
         return [("", df)]
-    return [(f"-{_slug(model)}-b{batch}", rows) for (model, batch), rows in groups]
+    return [("-".join(["", _slug(key[0]), f"b{key[1]}"] + ([_slug(key[2])] if several else [])), rows)
+            for key, rows in groups]
 
 
 def _slug(name: object) -> str:

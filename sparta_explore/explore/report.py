@@ -103,7 +103,7 @@ def _section(df: pd.DataFrame, target: float, images: Sequence[str]) -> list[str
               f"{df['dense_latency_ms'].max():.3f} ms (machine load; each trial's speedup is against its own "
               "dense run, timed alternately with it)." if len(df) > 1 else "")
     out = [f"## {model}, latency batch {batch}", "",
-           f"{len(df)} trials; {threads} threads on {platform.machine()} ({_cpu()}). Dense PyTorch: "
+           f"{len(df)} trials; {threads} threads on {_where(df)}. Dense PyTorch: "
            f"{ref[0]:.3f} ms median, accuracy {dense_acc:.4f}, {float(df['dense_flops'].median()) / 1e9:.3f} GFLOPs. "
            f"Target: {target:g} x the dense cost ({target * ref[0]:.3f} ms).{spread}", "",
            "### Best trial per objective", "",
@@ -148,10 +148,14 @@ def _pick(p: pd.Series) -> str:
             "latency target)")
 
 
-def _cpu() -> str:
+def _where(df: pd.DataFrame) -> str:
+    # the machine the rows record (rows from before the machine columns: this one's CPU)
+    if "cpu_model" in df.columns and df["cpu_model"].notna().any() and str(df["cpu_model"].dropna().iloc[0]):
+        row = df.dropna(subset=["cpu_model"]).iloc[0]
+        return f"{row['cpu_model']} ({row.get('cpu_flags', '')}, machine {row.get('machine', '?')})"
     from sparta_explore.device import cpu_model
 
-    return cpu_model()
+    return f"{platform.machine()} ({cpu_model()})"
 
 
 def render_report(df: pd.DataFrame, *, target: float | None = None, images: Sequence[str] = ()) -> str:

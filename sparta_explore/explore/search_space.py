@@ -184,18 +184,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         >>> main(["--workload", "digits-mlp", "--out", "/tmp/space-doc/mlp.json"])
         wrote /tmp/space-doc/mlp.json
         0
+        >>> main(["--workload", "digits-mlp", "--families", "--out", "/tmp/space-doc/families.json"])
+        wrote /tmp/space-doc/families.json
+        0
     """
     parser = argparse.ArgumentParser(prog="python -m sparta_explore.explore.search_space",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--workload", "--model", dest="workload", default=SpaceConfig.workload,
                         help="built-in workload or 'module:attr' / 'file.py:attr'")
     parser.add_argument("--out", type=Path, default=None, help=f"write here (e.g. {SEARCH_SPACE_FILE})")
+    parser.add_argument("--families", action="store_true",
+                        help="the family space instead (per-layer sparsity x pattern x precision; family_space.py)")
     args = parser.parse_args(argv)
-    cfg = SpaceConfig(workload=args.workload)
-    if args.out is None:
-        sys.stdout.write(format_search_space(build_search_space(cfg)))
+    if args.families:
+        from sparta_explore.explore.family_space import FamilySpaceConfig, family_search_space
+
+        space = family_search_space(FamilySpaceConfig(workload=args.workload))
     else:
-        print(f"wrote {write_search_space(args.out, cfg)}")
+        space = build_search_space(SpaceConfig(workload=args.workload))
+    text = format_search_space(space)
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        print(f"wrote {atomic_write(Path(args.out), lambda f: f.write(text.encode()))}")
     return 0
 
 

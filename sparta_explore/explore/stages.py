@@ -146,7 +146,7 @@ def _quantize(state: TrialState, model: nn.Module, layers: tuple[str, ...], eval
         raise ConfigError(f"quantizer {state.params.quantizer!r} trains or calibrates, and workload "
                           f"{state.workload.name!r} has no train_batches / loss")
     table = None
-    for config in entry.configs_for(QuantRequest(state.params.bits, layers), model):
+    for config in entry.configs_for(QuantRequest(state.params.bits, layers, act_bits=state.params.act_bits), model):
         part = quantize(model, config, quantizer=state.params.quantizer, evaluator=evaluator, graph=state.graph)
         table = part if table is None else table.merge(part)
     return table

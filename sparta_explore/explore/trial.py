@@ -11,8 +11,8 @@ metric on its held-out data.
 * key, params_json: the sweep key (hash) and canonical JSON of the params as given;
 * the params as run (NNI issue 5726: the echo is what ran): workload, pruner, sparsity,
   layer_sparsity ("layers.0:0.9;layers.1:0.5", empty without overrides), scope, block
-  ("32x32" or ""), bits, quantizer, calibrate, calibrate_threshold, finetune_epochs,
-  batch (resolved), seed, objective, target;
+  ("32x32" or ""), bits, act_bits (empty unless the inputs' width differs), quantizer,
+  calibrate, calibrate_threshold, finetune_epochs, batch (resolved), seed, objective, target;
 * metric_name (the workload's, e.g. "accuracy"), and that metric (higher is better) in
   accuracy (the compiled model), finetuned_accuracy (masked fp32 model after fine-tuning),
   masked_accuracy (after propagation, before fine-tuning), dense_accuracy;
@@ -26,7 +26,8 @@ metric on its held-out data.
   (kept weights at their bits, no index overhead);
 * max_error (compiled vs its reference ops, from compile), kernel_choices ("op:choice;..."),
   fallbacks (ops where compile rejected a kernel or left the op as is; see compile_report notes);
-* runs, threads, compile_s, wall_s, score (`objectives.score` for params.objective / target).
+* runs, threads; machine, cpu_model, cpu_flags (`sparta_explore.machine`: where it was measured);
+* compile_s, wall_s, score (`objectives.score` for params.objective / target).
 
 Example:
     >>> result = run_trial({"sparsity": 0.75, "block": "32x32", "bits": 8})  # doctest: +SKIP
@@ -51,14 +52,15 @@ from sparta_explore.explore.params import TrialParams, format_block
 from sparta_explore.tesa_table import TeSATable
 
 ROW_COLUMNS = (
-    "key", "params_json", "workload", "pruner", "sparsity", "layer_sparsity", "scope", "block", "bits", "quantizer",
-    "calibrate", "calibrate_threshold",
+    "key", "params_json", "workload", "pruner", "sparsity", "layer_sparsity", "scope", "block", "bits", "act_bits",
+    "quantizer", "calibrate", "calibrate_threshold",
     "finetune_epochs", "batch", "seed", "objective", "target",
     "metric_name", "accuracy", "finetuned_accuracy", "masked_accuracy", "dense_accuracy",
     "latency_ms", "latency_p10_ms", "latency_p90_ms", "dense_latency_ms", "speedup", "latency_ratio",
     "dense_flops", "effective_flops", "flops_ratio", "sparsity_pruned", "sparsity_propagated", "mean_bits",
     "peak_memory_mb", "weight_bytes", "dense_weight_bytes", "compressed_weight_bytes",
-    "max_error", "kernel_choices", "fallbacks", "runs", "threads", "compile_s", "wall_s", "score",
+    "max_error", "kernel_choices", "fallbacks", "runs", "threads", "machine", "cpu_model", "cpu_flags",
+    "compile_s", "wall_s", "score",
 )
 
 
@@ -101,6 +103,7 @@ class TrialResult:
     kernel_choices: str = ""
     fallbacks: int = 0
     metric_name: str = "accuracy"
+    machine: Mapping[str, str] = field(default_factory=dict)  # `Machine.columns()` of where it was measured
     table: TeSATable | None = field(default=None, repr=False, compare=False)
     compile_report: pd.DataFrame | None = field(default=None, repr=False, compare=False)
 
@@ -132,13 +135,15 @@ class TrialResult:
         echo = p.to_dict()
         echo["block"] = format_block(p.block)
         echo["batch"] = resolved_batch(p)
+        echo["act_bits"] = p.act_bits
         echo["layer_sparsity"] = ";".join(f"{name}:{s:g}" for name, s in p.layer_sparsity)  # flat for CSV
         m = self._metrics()
         m["speedup"] = _ratio(m["dense_latency_ms"], m["latency_ms"])
         m["latency_ratio"] = _ratio(m["latency_ms"], m["dense_latency_ms"])
         m["flops_ratio"] = _ratio(m["effective_flops"], m["dense_flops"])
         m["score"] = self.score
-        row = {"key": p.key, "params_json": p.canonical_json(), **echo, **m}
+        where = {"machine": "", "cpu_model": "", "cpu_flags": "", **self.machine}
+        row = {"key": p.key, "params_json": p.canonical_json(), **echo, **m, **where}
         return {c: row[c] for c in ROW_COLUMNS}
 
 
@@ -186,6 +191,7 @@ def run_trial(params: TrialParams | Mapping[str, Any], *, cache_dir: str | os.Pa
         >>> r.accuracy, r.latency_ms, r.dense_latency_ms  # doctest: +SKIP
     """
     from sparta_explore.explore.stages import TrialState, run_stages, weight_stats
+    from sparta_explore.machine import this_machine
     from sparta_explore.pruners import get_pruner
     from sparta_explore.quantizers import get_quantizer
 
@@ -213,7 +219,8 @@ def run_trial(params: TrialParams | Mapping[str, Any], *, cache_dir: str | os.Pa
         weight_bytes=mine.weight_bytes, dense_weight_bytes=base.weight_bytes, compressed_weight_bytes=packed,
         max_error=float(compiled.max_error), runs=runs, threads=mine.threads, compile_s=m["compile_s"],
         wall_s=time.perf_counter() - state.started, kernel_choices=choices, fallbacks=fallbacks,
-        metric_name=state.workload.metric_name, table=state.propagation.table, compile_report=compiled.report)
+        metric_name=state.workload.metric_name, machine=this_machine(int(mine.threads)).columns(),
+        table=state.propagation.table, compile_report=compiled.report)
 
 
 def _choices(report: pd.DataFrame) -> tuple[str, int]:

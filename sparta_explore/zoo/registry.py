@@ -88,6 +88,15 @@ def _digits_mlp() -> nn.Module:
     return DigitsMLP()
 
 
+# A CNN whose convs carry the time (64 -> 128 3x3 over 8x8 at batch 256, ~2.4 GFLOP), so conv
+# kernel choice shows in measured latency; digits-cnn's 16/32-channel convs run in ~1 ms,
+# mostly fixed overheads that no sparsity removes.
+@register_model("digits-cnn-wide", input_shape=(1, 8, 8), default_batch=256, task="digits",
+                description="conv-BN-ReLU x2 (64, 128 channels) + max-pool + 2048-256-10 head (latency batch 256)")
+def _digits_cnn_wide() -> nn.Module:
+    return DigitsCNN(channels=(64, 128), hidden=256)
+
+
 # The embedded default for exploration: the digits' accuracy with the weight shapes of a
 # BERT-base FFN (768 -> 3072 -> 768), so pruned/quantized kernels have real work to skip;
 # the 64-256-128 digits MLP takes ~0.1 ms, where kernel choice cannot show in a measurement.
