@@ -99,6 +99,58 @@ def plot_fronts(df: pd.DataFrame, target: float, path: str | os.PathLike, *, tit
     return _save(fig, path, plt)
 
 
+def family_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Where FLOPs mislead, per (pattern, precision) over the distinct trials: FLOPs vs measured latency.
+
+    Example:
+        >>> rows = pd.DataFrame({"key": ["a", "b"], "pruner": ["nm", "nm"], "block": ["1x4", "1x4"],
+        ...                      "bits": [32, 32], "act_bits": [None, None], "accuracy": [0.9, 0.8],
+        ...                      "flops_ratio": [0.5, 0.5], "latency_ratio": [1.0, 0.9]})
+        >>> row = family_table(rows).iloc[0]
+        >>> row["family"], int(row["trials"]), float(row["latency / FLOPs"])
+        ('2:4 fp32', 2, 1.9)
+    """
+    from sparta_explore.explore.families import pattern_of, precision_of
+
+    trials = df.drop_duplicates("key").dropna(subset=["accuracy", "latency_ratio", "flops_ratio"]).copy()
+
+    def family(row: pd.Series) -> str:
+        act = row.get("act_bits")
+        act = None if act is None or (isinstance(act, float) and math.isnan(act)) else int(act)
+        precision = "fp32" if int(row["bits"]) == 32 else precision_of(int(row["bits"]), act)
+        return f"{pattern_of({'pruner': row['pruner'], 'block': row['block']})} {precision}"
+
+    trials["family"] = trials.apply(family, axis=1)
+    out = trials.groupby("family").agg(trials=("key", "size"), flops_ratio=("flops_ratio", "median"),
+                                       latency_ratio=("latency_ratio", "median"), best_accuracy=("accuracy", "max"))
+    out["latency / FLOPs"] = (out["latency_ratio"] / out["flops_ratio"]).round(2)
+    return out.reset_index().sort_values("latency / FLOPs", ascending=False)
+
+
+def budget_table(df: pd.DataFrame, startup: int) -> pd.DataFrame:
+    """What each search spent its own proposals on (steps from `startup` on): share on int kernels, per pattern.
+
+    Example:
+        >>> rows = pd.DataFrame({"search": ["a", "a"], "step": [8, 9], "bits": [8, 32], "act_bits": [None, None],
+        ...                      "pruner": ["block", "level"], "block": ["32x32", ""]})
+        >>> budget_table(rows, startup=8).iloc[0][["int kernels", "32x32", "unstructured"]].tolist()
+        ['50%', '50%', '50%']
+    """
+    from sparta_explore.explore.families import pattern_of
+
+    own = df[df["step"] >= startup].copy()
+    own["pattern"] = [pattern_of({"pruner": p, "block": b}) for p, b in zip(own["pruner"], own["block"])]
+    act = pd.to_numeric(own["act_bits"], errors="coerce")
+    own["int"] = (pd.to_numeric(own["bits"], errors="coerce") <= 8) & (act.isna() | (act <= 8))
+    patterns = sorted(own["pattern"].unique())
+    rows = []
+    for search, mine in own.groupby("search", sort=False):
+        row: dict[str, Any] = {"search": search, "proposals": len(mine), "int kernels": f"{mine['int'].mean():.0%}"}
+        row.update({p: f"{(mine['pattern'] == p).mean():.0%}" for p in patterns})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def _per_seed(judged: pd.DataFrame) -> pd.DataFrame:
     cols = ["seed", "search", "hypervolume", "front_size", "pick_label", "pick_accuracy", "pick_predicted",
             "pick_latency", "pick_meets_target", "speedup_vs_flops_pick", "failed"]
@@ -143,6 +195,11 @@ def render_protocol_report(folder: str | os.PathLike, *, image: str = "fronts.pn
               f"Speedup vs FLOPs pick: the FLOPs-guided pick's measured latency over the fastest trial of the "
               f"search at most {EQUAL_ACCURACY * 100:g} points less accurate.", "",
               "## Per seed", "", markdown_table(_per_seed(judged)), "",
+              "## Where the budget went, and where FLOPs mislead", "",
+              f"Share of each search's own proposals (steps {config['startup']}..{config['budget'] - 1}, all seeds):",
+              "", markdown_table(budget_table(df, int(config["startup"]))), "",
+              "Every distinct trial of the run by family: median FLOPs and measured latency (both / dense) and "
+              "how far FLOPs underestimate the latency:", "", markdown_table(family_table(df)), "",
               "## The FLOPs-guided picks: predicted vs measured", "",
               markdown_table(judged[judged["guide"] == "flops"][["seed", "search", "pick_label", "pick_predicted",
                                                                  "pick_latency", "pick_meets_target"]]), "",

@@ -74,3 +74,16 @@ def test_summary_cells_are_mean_sd_and_range_over_seeds():
     j = judge(frame(), target=0.3)
     table = summary_table(j).set_index("search")
     assert table.loc["latency", "speedup vs FLOPs pick"] == "4 +- 0 [4, 4]"
+
+
+def test_the_report_says_where_each_search_spent_its_budget_and_where_flops_mislead():
+    from sparta_explore.explore.protocol_report import budget_table, family_table
+
+    df = frame((0,))
+    df["step"] = [0, 8] * 2
+    df.loc[df["search"] == "latency", "bits"] = 8
+    spent = budget_table(df, startup=8).set_index("search")
+    assert spent.loc["latency", "int kernels"] == "100%" and spent.loc["flops", "int kernels"] == "0%"
+    table = family_table(df).set_index("family")
+    # the FLOPs-guided trials are fp32 32x32 here: measured 0.8 and 0.5 against FLOPs 0.1 and 0.3
+    assert table.loc["32x32 fp32", "latency / FLOPs"] == pytest.approx(0.65 / 0.2, rel=0.01)
