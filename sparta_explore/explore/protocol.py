@@ -4,7 +4,10 @@
 
 1. builds the workload's family search space (`family_space`);
 2. per seed, draws `startup` distinct random points (the shared random start), measures
-   them, and tells every search; then each search proposes points until it has `budget`;
+   them, and tells every search; then each search proposes points until it has `budget`.
+   The Pareto searches get an accuracy floor, the judge's reference accuracy (dense minus
+   `floor_drop`, from the start trials), so fast models at chance accuracy are not what
+   they model as good;
 3. every point is one real trial (`run_trial`: prune, fine-tune, compile, measure latency
    against dense and count FLOPs) with the trial seed = the protocol seed. Each search
    *sees* only its own cost (`searches`), but every row has both;
@@ -30,8 +33,10 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
+import statistics
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -45,6 +50,7 @@ from sparta_explore.cache import atomic_write
 from sparta_explore.errors import ConfigError
 from sparta_explore.explore.family_space import FamilySpaceConfig, family_search_space
 from sparta_explore.explore.params import TrialParams
+from sparta_explore.explore.protocol_judge import REF_ACCURACY_DROP
 from sparta_explore.explore.searches import SEARCHES, make_search
 from sparta_explore.explore.space import Space
 from sparta_explore.explore.sweep import load_results, sweep, write_csv
@@ -61,7 +67,8 @@ class ProtocolConfig:
 
     `fixed`: TrialParams fields every trial shares (e.g. ``{"batch": 256}``); `runs`: timed
     calls per latency measurement; `tune`: compile's tile search (off by default: it
-    multiplies compile time by ~4 for ~10% latency, the same for every search).
+    multiplies compile time by ~4 for ~10% latency, the same for every search);
+    `floor_drop`: the searches' accuracy floor below dense (None: no floor).
 
     Example:
         >>> ProtocolConfig(budget=4, startup=8)
@@ -80,6 +87,7 @@ class ProtocolConfig:
     fixed: Mapping[str, Any] = field(default_factory=dict)
     runs: int = 20
     tune: bool = False
+    floor_drop: float | None = REF_ACCURACY_DROP
 
     def __post_init__(self) -> None:
         if self.startup < 1 or self.startup >= self.budget:
@@ -197,8 +205,9 @@ def run_protocol(config: ProtocolConfig, out: str | os.PathLike, *, trial_fn: Tr
     for seed in config.seeds:
         start = start_points(space, seed, config.startup)
         start_rows = [measure(p, seed) for p in start]
+        floor = accuracy_floor(start_rows, config.floor_drop)
         for name in config.searches:
-            search = make_search(name, space, seed=seed, startup=config.startup, target=config.target)
+            search = make_search(name, space, seed=seed, startup=config.startup, target=config.target, floor=floor)
             for step, (point, row) in enumerate(zip(start, start_rows)):
                 search.observe(point, row)
                 visits.append(_visit(seed, name, step, point, row))
@@ -211,6 +220,20 @@ def run_protocol(config: ProtocolConfig, out: str | os.PathLike, *, trial_fn: Tr
             echo(f"seed {seed} {name}: {config.budget} trials ({time.perf_counter() - started:.0f} s so far)")
     write_csv(pd.DataFrame(visits), folder / VISITS_CSV)
     return pd.DataFrame(visits)
+
+
+def accuracy_floor(rows: list[Mapping[str, Any]], drop: float | None) -> float | None:
+    """Median dense accuracy of `rows` minus `drop` (None without a drop or a finished row).
+
+    Example:
+        >>> accuracy_floor([{"dense_accuracy": 0.98}, {"dense_accuracy": None}], 0.1)
+        0.88
+    """
+    dense = [float(r["dense_accuracy"]) for r in rows if r.get("dense_accuracy") is not None
+             and math.isfinite(float(r["dense_accuracy"]))]
+    if drop is None or not dense:
+        return None
+    return round(float(statistics.median(dense)) - drop, 4)
 
 
 def _visit(seed: int, search: str, step: int, point: Mapping[str, Any], row: Mapping[str, Any]) -> dict[str, Any]:

@@ -7,8 +7,8 @@ For each (seed, search), from the trials that search made (`protocol.load_protoc
   against one reference point per workload, (1.0, median dense accuracy - 0.10): the area
   of useful trade-offs that beat dense PyTorch;
 * **pick**: the model the search would hand over: the most accurate trial whose *own*
-  cost is at most `target` (its predicted latency ratio), with its measured latency
-  ratio beside it, and whether that meets the target;
+  cost is at most `target` (its predicted latency ratio) and whose accuracy is above the
+  reference's, with its measured latency ratio beside it, and whether that meets the target;
 * **speedup at equal accuracy**: the FLOPs-guided pick's measured latency over the
   fastest trial of this search at most 0.5 points less accurate than that pick.
 
@@ -68,16 +68,21 @@ def kept_front(rows: pd.DataFrame, guide: str) -> pd.DataFrame:
     return ok[keep].sort_values(RATIO[guide])
 
 
-def pick(rows: pd.DataFrame, guide: str, target: float) -> pd.Series | None:
+def pick(rows: pd.DataFrame, guide: str, target: float, min_accuracy: float = -math.inf) -> pd.Series | None:
     """The most accurate trial whose own cost (`guide` ratio) is at most `target`; None if none is.
+
+    Only trials above `min_accuracy` count (the judge passes the reference accuracy: a model
+    at chance accuracy under the target is no pick anyone would ship).
 
     Example:
         >>> rows = pd.DataFrame({"accuracy": [0.9, 0.95], "latency_ratio": [0.2, 0.6], "flops_ratio": [0.1, 0.2]})
         >>> float(pick(rows, "flops", 0.25)["accuracy"]), float(pick(rows, "latency", 0.25)["accuracy"])
         (0.95, 0.9)
+        >>> pick(rows, "latency", 0.25, min_accuracy=0.92) is None
+        True
     """
     ok = rows.dropna(subset=["accuracy", RATIO[guide], "latency_ratio"])
-    ok = ok[ok[RATIO[guide]] <= target]
+    ok = ok[(ok[RATIO[guide]] <= target) & (ok["accuracy"] > min_accuracy)]
     if ok.empty:
         return None
     return ok.sort_values(["accuracy", RATIO[guide]], ascending=[False, True]).iloc[0]
@@ -106,11 +111,11 @@ def judge(df: pd.DataFrame, target: float, ref: tuple[float, float] | None = Non
     out: list[dict[str, Any]] = []
     for seed, by_seed in df.groupby("seed", sort=True):
         flops_rows = by_seed[by_seed["search"] == "flops"]
-        flops_pick = pick(flops_rows, "flops", target) if not flops_rows.empty else None
+        flops_pick = pick(flops_rows, "flops", target, ref[1]) if not flops_rows.empty else None
         for search, rows in by_seed.groupby("search", sort=False):
             guide = GUIDES.get(search, "latency")
             front = kept_front(rows, guide)
-            chosen = pick(rows, guide, target)
+            chosen = pick(rows, guide, target, ref[1])
             record = {
                 "seed": seed, "search": search, "guide": guide, "trials": len(rows),
                 "failed": int(rows["accuracy"].isna().sum()),

@@ -191,7 +191,8 @@ def render_protocol_report(folder: str | os.PathLike, *, image: str = "fronts.pn
     for goal, met, detail in goal_checks(judged):
         lines.append(f"* **{'met' if met else 'NOT met'}**: {goal}. {detail}.")
     lines += ["", "## Mean +- standard deviation [min, max] over seeds", "", markdown_table(summary_table(judged)),
-              "", f"Pick: the most accurate trial whose own cost (its guide's ratio) is at most {target:g}. "
+              "", f"Pick: the most accurate trial whose own cost (its guide's ratio) is at most {target:g} "
+              f"and whose accuracy is above the reference ({ref[1]:.4g}). "
               f"Speedup vs FLOPs pick: the FLOPs-guided pick's measured latency over the fastest trial of the "
               f"search at most {EQUAL_ACCURACY * 100:g} points less accurate.", "",
               "## Per seed", "", markdown_table(_per_seed(judged)), "",

@@ -5,7 +5,9 @@ start points once and tells every search), then proposes the rest of its budget 
 What each search *sees* of a finished trial is its own cost only:
 
 * ``latency`` / ``flops``: `ParetoTPE` (our multi-objective TPE) on (accuracy, cost), the
-  cost being the trial's measured ``latency_ratio`` or its ``flops_ratio``;
+  cost being the trial's measured ``latency_ratio`` or its ``flops_ratio``; both with the
+  same accuracy floor (the protocol's reference accuracy), below which a fast model is not
+  modelled as good;
 * ``tpe-latency`` / ``tpe-flops``: NNI's built-in TPE (`nni.algorithms.hpo.tpe_tuner`) on
   one MnasNet-style reward, ``accuracy * (ratio / target) ** -0.07``: what NNI users run today.
 
@@ -56,9 +58,10 @@ class Search(Protocol):
 class ParetoSearch:
     """`ParetoTPE` told (accuracy, the row's `guide` ratio); its random start is the protocol's shared one."""
 
-    def __init__(self, space: Mapping[str, Any], seed: int, startup: int, guide: str) -> None:
+    def __init__(self, space: Mapping[str, Any], seed: int, startup: int, guide: str,
+                 floor: float | None = None) -> None:
         self.guide = guide
-        self.tpe = ParetoTPE(Space.from_nni(space), SearchConfig(startup=startup, seed=seed))
+        self.tpe = ParetoTPE(Space.from_nni(space), SearchConfig(startup=startup, seed=seed, value_floor=floor))
 
     def propose(self) -> dict[str, Any]:
         return self.tpe.ask()
@@ -111,12 +114,12 @@ def _key(point: Mapping[str, Any]) -> str:
     return repr(sorted(point.items()))
 
 
-SearchFactory = Callable[[Mapping[str, Any], int, int, float], Search]
+SearchFactory = Callable[[Mapping[str, Any], int, int, float, "float | None"], Search]
 SEARCHES: dict[str, SearchFactory] = {}
 
 
 def register_search(name: str) -> Callable[[SearchFactory], SearchFactory]:
-    """Add a search to the registry under `name` (a factory of (space, seed, startup, target)).
+    """Add a search to the registry under `name` (a factory of (space, seed, startup, target, floor)).
 
     Example:
         >>> "tpe-flops" in SEARCHES
@@ -131,8 +134,8 @@ def register_search(name: str) -> Callable[[SearchFactory], SearchFactory]:
 
 
 def make_search(name: str, space: Mapping[str, Any], *, seed: int, startup: int = 8,
-                target: float = 0.25) -> Search:
-    """A fresh search `name` over `space` (an NNI search-space dict).
+                target: float = 0.25, floor: float | None = None) -> Search:
+    """A fresh search `name` over `space` (an NNI search-space dict); `floor`: the least useful accuracy.
 
     Example:
         >>> make_search("random", {}, seed=0)
@@ -142,24 +145,25 @@ def make_search(name: str, space: Mapping[str, Any], *, seed: int, startup: int 
     """
     if name not in SEARCHES:
         raise ConfigError(f"unknown search {name!r}; registered: {', '.join(SEARCHES)}")
-    return SEARCHES[name](space, seed, startup, target)
+    return SEARCHES[name](space, seed, startup, target, floor)
 
 
 @register_search("latency")
-def _latency(space: Mapping[str, Any], seed: int, startup: int, target: float) -> Search:
-    return ParetoSearch(space, seed, startup, "latency")
+def _latency(space: Mapping[str, Any], seed: int, startup: int, target: float, floor: float | None) -> Search:
+    return ParetoSearch(space, seed, startup, "latency", floor)
 
 
 @register_search("flops")
-def _flops(space: Mapping[str, Any], seed: int, startup: int, target: float) -> Search:
-    return ParetoSearch(space, seed, startup, "flops")
+def _flops(space: Mapping[str, Any], seed: int, startup: int, target: float, floor: float | None) -> Search:
+    return ParetoSearch(space, seed, startup, "flops", floor)
 
 
+# NNI's TPE runs as NNI users run it: one reward, no floor (the MnasNet reward weighs accuracy itself)
 @register_search("tpe-latency")
-def _tpe_latency(space: Mapping[str, Any], seed: int, startup: int, target: float) -> Search:
+def _tpe_latency(space: Mapping[str, Any], seed: int, startup: int, target: float, floor: float | None) -> Search:
     return NNITPESearch(space, seed, startup, "latency", target)
 
 
 @register_search("tpe-flops")
-def _tpe_flops(space: Mapping[str, Any], seed: int, startup: int, target: float) -> Search:
+def _tpe_flops(space: Mapping[str, Any], seed: int, startup: int, target: float, floor: float | None) -> Search:
     return NNITPESearch(space, seed, startup, "flops", target)

@@ -50,7 +50,7 @@ class ParetoTuner(Tuner):
     """Pareto-aware TPE tuner over two columns of the trials' final results (maximize `value`, minimize `cost`).
 
     classArgs: `cost` [latency_ratio] and `value` [accuracy] name result columns;
-    `startup`, `gamma`, `candidates`, `prior_weight`, `seed` go to `SearchConfig`.
+    `startup`, `gamma`, `candidates`, `prior_weight`, `seed`, `value_floor` go to `SearchConfig`.
 
     Example:
         >>> ParetoTuner(cost="")
@@ -60,12 +60,13 @@ class ParetoTuner(Tuner):
     """
 
     def __init__(self, cost: str = "latency_ratio", value: str = "accuracy", startup: int = 6, gamma: float = 0.3,
-                 candidates: int = 24, prior_weight: float = 1.0, seed: int | None = 0) -> None:
+                 candidates: int = 24, prior_weight: float = 1.0, seed: int | None = 0,
+                 value_floor: float | None = None) -> None:
         if not (isinstance(cost, str) and cost and isinstance(value, str) and value):
             raise ConfigError(f"cost and value must name result columns, got {cost!r} and {value!r}")
         self.cost, self.value = cost, value
         self.config = SearchConfig(startup=startup, gamma=gamma, candidates=candidates, prior_weight=prior_weight,
-                                   seed=seed)
+                                   seed=seed, value_floor=value_floor)
         self.search: ParetoTPE | None = None
         self.issued: dict[int, dict[str, Any]] = {}  # parameter_id -> what this tuner handed out
         self.mismatches = 0  # results whose echo disagreed with their parameter_id (NNI issue 5726)

@@ -63,6 +63,13 @@ def test_a_search_without_any_pick_reports_none():
     assert math.isnan(row["pick_accuracy"]) and not row["pick_meets_target"]
 
 
+def test_a_model_at_chance_accuracy_is_never_a_pick():
+    df = frame((0,))
+    df.loc[df["search"] == "latency", "accuracy"] = [0.10, 0.97]  # the fast one is useless, below the reference
+    row = judge(df, target=0.3).set_index("search").loc["latency"]
+    assert math.isnan(row["pick_accuracy"]) and row["pick_label"] == ""
+
+
 def test_rows_from_two_machines_are_refused():
     df = frame((0,))
     df.loc[0, "machine"] = "m2"

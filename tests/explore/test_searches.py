@@ -76,3 +76,27 @@ def test_failed_trials_are_told_as_failures_and_the_search_goes_on(name):
 def test_unknown_search_names_the_registered_ones():
     with pytest.raises(ConfigError, match="unknown search 'grid'; registered: latency, flops, tpe-latency, tpe-flops"):
         make_search("grid", SPACE, seed=0)
+
+
+def useless_when_fast(point):
+    # "c" halves the latency and breaks the model: non-dominated on cost, useless to anyone
+    row = row_of(point)
+    if point["p"] == "c":
+        return {**row, "accuracy": 0.1, "latency_ratio": 0.1 * row["latency_ratio"]}
+    return row
+
+
+def test_the_accuracy_floor_keeps_the_search_off_fast_useless_models():
+    def useless_share(floor):
+        count = 0
+        for seed in range(4):
+            search = make_search("latency", SPACE, seed=seed, startup=3, floor=floor)
+            for p in START:
+                search.observe(p, useless_when_fast(p))
+            for _ in range(12):
+                p = search.propose()
+                search.observe(p, useless_when_fast(p))
+                count += p["p"] == "c"
+        return count / 48
+    assert make_search("flops", SPACE, seed=0, floor=0.88).tpe.config.value_floor == 0.88
+    assert useless_share(0.5) < useless_share(None)
