@@ -198,9 +198,7 @@ def run_protocol(config: ProtocolConfig, out: str | os.PathLike, *, trial_fn: Tr
     started = time.perf_counter()
 
     def measure(point: Mapping[str, Any], seed: int) -> dict[str, Any]:
-        params = config.params(point, seed)
-        row = sweep([params], folder, trial_fn=run, progress=False).iloc[0].to_dict()
-        return row
+        return sweep([config.params(point, seed)], folder, trial_fn=run, progress=False).iloc[0].to_dict()
 
     for seed in config.seeds:
         start = start_points(space, seed, config.startup)

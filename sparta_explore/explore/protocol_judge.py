@@ -185,9 +185,10 @@ def goal_checks(judged: pd.DataFrame) -> list[tuple[str, bool, str]]:
     hv_l, hv_f = by[("hypervolume", "latency")], by[("hypervolume", "flops")]
     speed = by[("speedup_vs_flops_pick", "latency")]
     wins = int((hv_l > hv_f).sum())
-    hv_text = ", ".join(f"seed {s}: {a:.3f} vs {b:.3f}" for s, a, b in zip(by.index, hv_l, hv_f))
+    hv_text = ", ".join(f"seed {s}: {a:.4f} vs {b:.4f}" for s, a, b in zip(by.index, hv_l, hv_f))
     fast = int((speed >= SPEEDUP_GOAL).sum())
-    speed_text = ", ".join(f"seed {s}: {v:.2f}x" for s, v in zip(by.index, speed))
+    speed_text = ", ".join(f"seed {s}: " + (f"{v:.2f}x" if np.isfinite(v) else "no trial that accurate")
+                           for s, v in zip(by.index, speed))
     return [
         (f"latency-guided hypervolume higher than FLOPs-guided in every seed ({wins} of {len(by)})",
          wins == len(by), hv_text),

@@ -91,6 +91,10 @@ def plot_fronts(df: pd.DataFrame, target: float, path: str | os.PathLike, *, tit
     ax.axvline(target, color="gray", ls=":", lw=1.2, label=f"latency target ({target:g} x dense)")
     ax.axhline(ref[1], color="silver", lw=0.8, label=f"reference accuracy ({ref[1]:.3g})")
     ax.set_xlim(0, 1.05)
+    # from just under the reference up: trials at chance accuracy would squash the useful band to a sliver
+    top = float(pd.to_numeric(df["accuracy"], errors="coerce").max())
+    if math.isfinite(top):
+        ax.set_ylim(max(0.0, ref[1] - 0.05), min(1.0, top) + 0.01)
     ax.set_xlabel("measured latency / dense PyTorch latency (same trial)")
     ax.set_ylabel("accuracy (compiled model, held-out digits)")
     ax.set_title(title or "kept fronts per search and seed, judged on measured latency")

@@ -19,9 +19,12 @@ def private_cache(cache_dir, monkeypatch):
     return cache_dir
 
 
+# the two Hugging Face examples take ~35 s together: `slow`, since tests/test_compile_real_models.py already
+# runs HF BERT and GPT-2's Conv1D through capture, pruning, propagation and compile in `make test`
 @pytest.mark.parametrize("example, weights", [
-    ("bert_digits", "bert.encoder.layer.0.intermediate.dense.weight"),
-    ("gpt2_digits", "transformer.h.0.mlp.c_fc.weight"),  # GPT-2's Conv1D: weight stored (in, out)
+    pytest.param("bert_digits", "bert.encoder.layer.0.intermediate.dense.weight", marks=pytest.mark.slow),
+    pytest.param("gpt2_digits", "transformer.h.0.mlp.c_fc.weight",  # GPT-2's Conv1D: weight stored (in, out)
+                 marks=pytest.mark.slow),
     ("resnet_cnn", "blocks.0.conv1.weight"),
 ])
 def test_an_example_workload_runs_a_trial(example, weights, private_cache, tmp_path, device):
