@@ -136,10 +136,8 @@ def nni_quant_configs(request: QuantRequest, model: nn.Module) -> list[NNIQuantC
     """
     named = dict(model.named_modules())
     op_types = tuple(sorted({type(named[n]).__name__ for n in request.layers}))
-    targets = ("weight", "_input_") if request.quantizes_inputs else ("weight",)
-    act_bits = request.input_bits if request.quantizes_inputs else 8
-    return [NNIQuantConfig(weight_bits=request.bits, activation_bits=act_bits, targets=targets, op_types=op_types,
-                           op_names=request.layers, training_steps=request.training_steps)]
+    return [NNIQuantConfig(weight_bits=request.bits, activation_bits=request.activation_bits, targets=request.targets,
+                           op_types=op_types, op_names=request.layers, training_steps=request.training_steps)]
 
 
 def _trained(cls: type, weight_scheme: str | None = None,

@@ -55,6 +55,16 @@ class QuantRequest:
         """False for weight-only requests (inputs stay 32-bit float)."""
         return self.input_bits < 32
 
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """What a quantizer config quantizes: weights, and the inputs unless weight-only."""
+        return ("weight", "_input_") if self.quantizes_inputs else ("weight",)
+
+    @property
+    def activation_bits(self) -> int:
+        """The inputs' grid for a config (8, a config's default, when the inputs are left alone)."""
+        return self.input_bits if self.quantizes_inputs else 8
+
 _QUANTIZERS: Registry[CompressorEntry] = Registry("quantizer", suffix="quantizer")
 
 

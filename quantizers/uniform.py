@@ -59,10 +59,8 @@ def uniform_configs(request: QuantRequest, model: nn.Module) -> list[UniformQuan
         >>> uniform_configs(QuantRequest(4, ("0",), act_bits=32), None)[0].targets
         ('weight',)
     """
-    targets = ("weight", "_input_") if request.quantizes_inputs else ("weight",)
-    act_bits = request.input_bits if request.quantizes_inputs else 8
-    return [UniformQuantConfig(weight_bits=request.bits, activation_bits=act_bits, activation_fmt="int",
-                               targets=targets, op_types=PRUNABLE_TYPES, op_names=request.layers)]
+    return [UniformQuantConfig(weight_bits=request.bits, activation_bits=request.activation_bits, activation_fmt="int",
+                               targets=request.targets, op_types=PRUNABLE_TYPES, op_names=request.layers)]
 
 
 @register_quantizer("uniform", config_type=UniformQuantConfig, from_request=uniform_configs)

@@ -138,6 +138,16 @@ def _as_str(key: str, value: Any) -> str:
     return value
 
 
+def format_layer_sparsity(layer_sparsity: tuple[tuple[str, float], ...]) -> str:
+    """The flat CSV form of per-layer sparsities: "layers.0:0.9;layers.1:0.5" ("" without overrides).
+
+    Example:
+        >>> format_layer_sparsity((("a", 0.9), ("b", 0.5)))
+        'a:0.9;b:0.5'
+    """
+    return ";".join(f"{name}:{s:g}" for name, s in layer_sparsity)
+
+
 @dataclass(frozen=True)
 class TrialParams:
     """One point of the search space; validates itself (see the module docstring for fields).

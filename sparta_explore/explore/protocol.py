@@ -49,7 +49,7 @@ import pandas as pd
 from sparta_explore.cache import atomic_write
 from sparta_explore.errors import ConfigError
 from sparta_explore.explore.family_space import FamilySpaceConfig, family_search_space
-from sparta_explore.explore.params import TrialParams
+from sparta_explore.explore.params import TrialParams, format_layer_sparsity
 from sparta_explore.explore.protocol_judge import REF_ACCURACY_DROP
 from sparta_explore.explore.searches import SEARCHES, make_search
 from sparta_explore.explore.space import Space
@@ -149,7 +149,7 @@ def failed_row(params: TrialParams, error: BaseException) -> dict[str, Any]:
     """
     row: dict[str, Any] = dict.fromkeys(ROW_COLUMNS)
     row.update({k: v for k, v in params.to_dict().items() if k in row})
-    row["layer_sparsity"] = ";".join(f"{n}:{s:g}" for n, s in params.layer_sparsity)
+    row["layer_sparsity"] = format_layer_sparsity(params.layer_sparsity)
     row["error"] = f"{type(error).__name__}: {error}"
     return row
 

@@ -135,6 +135,21 @@ def judge(df: pd.DataFrame, target: float, ref: tuple[float, float] | None = Non
     return pd.DataFrame(out)
 
 
+def family_label(row: pd.Series | dict) -> str:
+    """A results row's pruning family and precision, e.g. "2:4 w8a8" (act_bits empty or NaN = same as bits).
+
+    Example:
+        >>> family_label({"pruner": "level", "block": "", "bits": 4, "act_bits": 8.0})
+        'unstructured w4a8'
+    """
+    from sparta_explore.explore.families import pattern_of, precision_of
+
+    act = row.get("act_bits")
+    act = None if act is None or (isinstance(act, float) and math.isnan(act)) else int(act)
+    precision = precision_of(int(row.get("bits", 32)), act)
+    return f"{pattern_of({'pruner': row.get('pruner'), 'block': row.get('block')})} {precision}"
+
+
 def describe(row: pd.Series) -> str:
     """A trial's setting in a few characters: family, precision, per-layer sparsities.
 
@@ -143,16 +158,10 @@ def describe(row: pd.Series) -> str:
         ...                     "layer_sparsity": "", "sparsity": 0.5}))
         '2:4 w8a8 0.5'
     """
-    from sparta_explore.explore.families import pattern_of, precision_of
-
-    act = row.get("act_bits")
-    act = None if act is None or (isinstance(act, float) and math.isnan(act)) else int(act)
-    bits = int(row.get("bits", 32))
-    precision = "fp32" if bits == 32 else precision_of(bits, act)
     layers = str(row.get("layer_sparsity") or "")
     sparsity = "/".join(part.split(":")[-1] for part in layers.split(";")) if layers and layers != "nan" else \
         f"{float(row.get('sparsity', math.nan)):g}"
-    return f"{pattern_of({'pruner': row.get('pruner'), 'block': row.get('block')})} {precision} {sparsity}"
+    return f"{family_label(row)} {sparsity}"
 
 
 def summarize(judged: pd.DataFrame) -> pd.DataFrame:

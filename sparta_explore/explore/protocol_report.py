@@ -24,6 +24,7 @@ from sparta_explore.explore.protocol_judge import (
     EQUAL_ACCURACY,
     GUIDES,
     METRICS,
+    family_label,
     goal_checks,
     judge,
     kept_front,
@@ -114,17 +115,8 @@ def family_table(df: pd.DataFrame) -> pd.DataFrame:
         >>> row["family"], int(row["trials"]), float(row["latency / FLOPs"])
         ('2:4 fp32', 2, 1.9)
     """
-    from sparta_explore.explore.families import pattern_of, precision_of
-
     trials = df.drop_duplicates("key").dropna(subset=["accuracy", "latency_ratio", "flops_ratio"]).copy()
-
-    def family(row: pd.Series) -> str:
-        act = row.get("act_bits")
-        act = None if act is None or (isinstance(act, float) and math.isnan(act)) else int(act)
-        precision = "fp32" if int(row["bits"]) == 32 else precision_of(int(row["bits"]), act)
-        return f"{pattern_of({'pruner': row['pruner'], 'block': row['block']})} {precision}"
-
-    trials["family"] = trials.apply(family, axis=1)
+    trials["family"] = trials.apply(family_label, axis=1)
     out = trials.groupby("family").agg(trials=("key", "size"), flops_ratio=("flops_ratio", "median"),
                                        latency_ratio=("latency_ratio", "median"), best_accuracy=("accuracy", "max"))
     out["latency / FLOPs"] = (out["latency_ratio"] / out["flops_ratio"]).round(2)

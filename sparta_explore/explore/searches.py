@@ -148,22 +148,16 @@ def make_search(name: str, space: Mapping[str, Any], *, seed: int, startup: int 
     return SEARCHES[name](space, seed, startup, target, floor)
 
 
-@register_search("latency")
-def _latency(space: Mapping[str, Any], seed: int, startup: int, target: float, floor: float | None) -> Search:
-    return ParetoSearch(space, seed, startup, "latency", floor)
+def _pareto(guide: str) -> SearchFactory:
+    return lambda space, seed, startup, target, floor: ParetoSearch(space, seed, startup, guide, floor)
 
 
-@register_search("flops")
-def _flops(space: Mapping[str, Any], seed: int, startup: int, target: float, floor: float | None) -> Search:
-    return ParetoSearch(space, seed, startup, "flops", floor)
+def _nni_tpe(guide: str) -> SearchFactory:
+    # NNI's TPE runs as NNI users run it: one reward, no floor (the MnasNet reward weighs accuracy itself)
+    return lambda space, seed, startup, target, floor: NNITPESearch(space, seed, startup, guide, target)
 
 
-# NNI's TPE runs as NNI users run it: one reward, no floor (the MnasNet reward weighs accuracy itself)
-@register_search("tpe-latency")
-def _tpe_latency(space: Mapping[str, Any], seed: int, startup: int, target: float, floor: float | None) -> Search:
-    return NNITPESearch(space, seed, startup, "latency", target)
-
-
-@register_search("tpe-flops")
-def _tpe_flops(space: Mapping[str, Any], seed: int, startup: int, target: float, floor: float | None) -> Search:
-    return NNITPESearch(space, seed, startup, "flops", target)
+for _guide in RATIO:
+    register_search(_guide)(_pareto(_guide))
+for _guide in RATIO:
+    register_search(f"tpe-{_guide}")(_nni_tpe(_guide))

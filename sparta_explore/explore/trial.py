@@ -48,7 +48,7 @@ import pandas as pd
 from sparta_explore.compile_config import CompileConfig
 from sparta_explore.errors import ConfigError
 from sparta_explore.explore.objectives import score as objective_score
-from sparta_explore.explore.params import TrialParams, format_block
+from sparta_explore.explore.params import TrialParams, format_block, format_layer_sparsity
 from sparta_explore.tesa_table import TeSATable
 
 ROW_COLUMNS = (
@@ -136,7 +136,7 @@ class TrialResult:
         echo["block"] = format_block(p.block)
         echo["batch"] = resolved_batch(p)
         echo["act_bits"] = p.act_bits
-        echo["layer_sparsity"] = ";".join(f"{name}:{s:g}" for name, s in p.layer_sparsity)  # flat for CSV
+        echo["layer_sparsity"] = format_layer_sparsity(p.layer_sparsity)  # flat for CSV
         m = self._metrics()
         m["speedup"] = _ratio(m["dense_latency_ms"], m["latency_ms"])
         m["latency_ratio"] = _ratio(m["latency_ms"], m["dense_latency_ms"])
