@@ -28,7 +28,7 @@ from torch import nn
 
 import sparta_explore as se
 from sparta_explore.compile import compile
-from sparta_explore.compile_config import CompileConfig
+from sparta_explore.compile.config import CompileConfig
 from sparta_explore.explore.timing import interleaved_measure
 from sparta_explore.pruners import prune
 from sparta_explore.pruners.block import BlockPruneConfig

@@ -50,7 +50,7 @@ from torch import nn
 import sparta_explore as se
 from kernels import medians, pattern_mask  # benchmarks/kernels.py: this script's folder is on sys.path
 from sparta_explore.compile import compile
-from sparta_explore.compile_config import CompileConfig
+from sparta_explore.compile.config import CompileConfig
 from sparta_explore.device import cpu_model
 from sparta_explore.kernels import Int8SparseLinear, SparseLinear, cpu_flags, set_target_isa, target_isa
 from sparta_explore.kernels.build import ISA_CEILINGS

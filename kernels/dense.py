@@ -86,7 +86,10 @@ class ShrunkConv2d(CompiledOp):
         self.register_buffer("rows", rows)
         self.register_buffer("cols", cols)
         w = weight.detach().float()
-        self.register_buffer("weight_small", w[rows][:, cols].contiguous())
+        # a conv stored channels-last (the memory_format pass) keeps its weights so: oneDNN then never reorders
+        nhwc = conv.weight.is_contiguous(memory_format=torch.channels_last) and not conv.weight.is_contiguous()
+        fmt = torch.channels_last if nhwc else torch.contiguous_format
+        self.register_buffer("weight_small", w[rows][:, cols].contiguous(memory_format=fmt))
         bias = None if conv.bias is None else conv.bias.detach().float()
         self.register_buffer("bias_small", None if bias is None else bias[rows].contiguous())
         self.register_buffer("filler", torch.zeros(self.out_channels) if bias is None else bias.clone())
@@ -119,9 +122,12 @@ class ShrunkConv2d(CompiledOp):
         ys = F.conv2d(xs, self.weight_small, self.bias_small, self.stride, self.padding, self.dilation, self.groups)
         if self.all_rows:
             return ys
-        y = self.filler.reshape(1, -1, 1, 1).expand(ys.shape[0], -1, ys.shape[2], ys.shape[3]).clone()
-        y[:, self.rows] = ys
-        return y
+        # the output keeps the conv's memory format (channels-last stays channels-last for the next op)
+        nhwc = ys.is_contiguous(memory_format=torch.channels_last) and not ys.is_contiguous()
+        y = torch.empty((ys.shape[0], self.out_channels, ys.shape[2], ys.shape[3]), dtype=ys.dtype,
+                        memory_format=torch.channels_last if nhwc else torch.contiguous_format)
+        y.copy_(self.filler.reshape(1, -1, 1, 1).expand_as(y))
+        return y.index_copy_(1, self.rows, ys)
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """The full masked convolution (input images on their grid if `act_bits` <= 8), in `x`'s dtype."""

@@ -19,6 +19,9 @@ import types
 def make_callable(module_name: str, function: str) -> None:
     """Let `sys.modules[module_name](...)` call its attribute `function`.
 
+    A function the module only loads on first use (a module `__getattr__`) keeps loading
+    lazily: its docstring is not read here.
+
     Example:
         >>> make_callable(__name__, "make_callable")  # doctest: +SKIP
     """
@@ -28,5 +31,6 @@ def make_callable(module_name: str, function: str) -> None:
         def __call__(self, *args, **kwargs):
             return getattr(self, function)(*args, **kwargs)
 
-    CallableModule.__call__.__doc__ = getattr(module, function).__doc__
+    if function in vars(module):
+        CallableModule.__call__.__doc__ = vars(module)[function].__doc__
     module.__class__ = CallableModule

@@ -210,7 +210,7 @@ def capture(model: nn.Module | fx.GraphModule | torch.export.ExportedProgram, ex
         >>> [n.name for n in g.nodes()], g.method
         (['_0', '_1'], 'fx')
     """
-    from sparta_explore.tracing.inputs import as_call, flat_inputs, set_mode
+    from sparta_explore.tracing.inputs import as_call, flat_inputs
 
     if method not in METHODS:
         raise CaptureError(f"method must be one of {list(METHODS)}, got {method!r}")
@@ -221,6 +221,16 @@ def capture(model: nn.Module | fx.GraphModule | torch.export.ExportedProgram, ex
     gm, used = _trace(model, args, call_kwargs, method, leaf_modules, concrete_args)
     root = model if isinstance(model, nn.Module) and used in ("fx", "export") else gm
     flat = flat_inputs(root if used == "fx" else gm, gm, args, call_kwargs)
+    call_args, call_kw = (args, call_kwargs) if used == "export" else (flat, {})
+    return _describe(gm, root, source=gm if used == "export" else root, flat=flat, call_args=tuple(call_args),
+                     call_kwargs=dict(call_kw), method=used)
+
+
+def _describe(gm: fx.GraphModule, root: nn.Module, *, source: nn.Module, flat: tuple, call_args: tuple,
+              call_kwargs: dict, method: str) -> Graph:
+    """Run `gm` once on `flat` (eval mode, no grad) and record every tensor's shape: the `Graph` of `gm`."""
+    from sparta_explore.tracing.inputs import set_mode
+
     recorder = _ShapeRecorder(gm)
     was_training = set_mode(root, False)
     try:
@@ -230,7 +240,6 @@ def capture(model: nn.Module | fx.GraphModule | torch.export.ExportedProgram, ex
         set_mode(root, was_training)
     fx_graph = gm.graph
     placeholders = [n for n in fx_graph.nodes if n.op == "placeholder"]
-    source = gm if used == "export" else root
 
     tensors: dict[str, TensorInfo] = {}
     canonical_of: dict[int, str] = {}
@@ -258,11 +267,23 @@ def capture(model: nn.Module | fx.GraphModule | torch.export.ExportedProgram, ex
             tuple_shapes[n.name] = [tuple(v.shape) for v in value]
         elif _is_constant(value):
             constants[n.name] = value  # sizes, shapes, dims: what later stages need to replay an op
-    call_args, call_kw = (args, call_kwargs) if used == "export" else (flat, {})
     return Graph(module=gm, root=root, tensors=tensors, inputs=[n.name for n in placeholders],
                  outputs=_output_names(fx_graph), aliases=aliases, attr_nodes=attr_nodes, constants=constants,
-                 tuple_shapes=tuple_shapes, example_inputs=flat, call_args=tuple(call_args),
-                 call_kwargs=dict(call_kw), method=used)
+                 tuple_shapes=tuple_shapes, example_inputs=flat, call_args=call_args,
+                 call_kwargs=call_kwargs, method=method)
+
+
+def rewritten(graph: Graph, gm: fx.GraphModule) -> Graph:
+    """The `Graph` of `gm`, a rewrite of `graph`'s module that takes the same inputs (shapes recorded anew).
+
+    A graph pass returns this: the calling convention, example inputs and capture method stay
+    `graph`'s; tensor names and shapes are `gm`'s own (its parameters name themselves).
+
+    Example:
+        >>> g2 = rewritten(g, fx.GraphModule(g.module, g.module.graph))  # doctest: +SKIP
+    """
+    return _describe(gm, gm, source=gm, flat=graph.example_inputs, call_args=graph.call_args,
+                     call_kwargs=graph.call_kwargs, method=graph.method)
 
 
 def _is_constant(value: Any) -> bool:

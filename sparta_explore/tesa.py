@@ -327,6 +327,38 @@ class TeSA:
         except RuntimeError:
             raise TeSAShapeError(f"TeSA of shape {self.shape} cannot broadcast to {tuple(shape)}") from None
 
+    def select(self, dim: int, index: torch.Tensor) -> TeSA:
+        """The attribute of the tensor's elements at `index` along `dim` (what a shrunk tensor keeps).
+
+        A broadcast (size-1 or stride-0) `dim` stays compact.
+
+        Example:
+            >>> TeSA.from_mask(torch.tensor([[1, 0, 1]])).select(1, torch.tensor([0, 2])).sparsity
+            0.0
+        """
+        c = core(self._key)
+        dim = dim % len(self.shape)
+        index = index.to(torch.long).cpu()
+        shape = list(self.shape)
+        shape[dim] = len(index)
+        small = c if c.shape[dim] == 1 else c.index_select(dim, index)
+        return TeSA._from_key(spread(small, shape))
+
+    def channels_kept(self, dim: int) -> torch.Tensor:
+        """Bool per index of `dim`: whether any element there is kept.
+
+        Example:
+            >>> TeSA.from_mask(torch.tensor([[1, 0, 0], [1, 0, 1]])).channels_kept(1).tolist()
+            [True, False, True]
+        """
+        c = core(self._key) != 0
+        dim = dim % len(self.shape)
+        other = [d for d in range(c.dim()) if d != dim]
+        kept = c.any(dim=other[0], keepdim=True) if other else c
+        for d in other[1:]:
+            kept = kept.any(dim=d, keepdim=True)
+        return kept.reshape(-1).expand(self.shape[dim]) if kept.numel() == 1 else kept.reshape(-1)
+
     def fits(self, shape: Sequence[int]) -> bool:
         """True if this TeSA describes a tensor of `shape` (equal dims, or size 1 here)."""
         shape = tuple(shape)

@@ -9,9 +9,9 @@ from torch import nn
 
 import sparta_explore as se
 from sparta_explore.compile import CompileWarning, compile
+from sparta_explore.compile.lowering import LowerContext, lower
 from sparta_explore.fake_quant import fake_quantize_rows, quantized_conv2d, quantized_linear
 from sparta_explore.kernels import KernelBuildError
-from sparta_explore.lowering import LowerContext, lower
 from sparta_explore.zoo import build_model, example_inputs
 
 
@@ -102,7 +102,7 @@ def test_chained_int8_linears_fuse_where_the_pair_measures_faster(device, cache_
     def timed(fns, x, rounds):  # the decision is the pass's; what the clock says is the test's
         return {name: (1.0 if name == faster else 2.0) for name in fns}
 
-    monkeypatch.setattr("sparta_explore.compile_fuse.fastest_ms", timed)
+    monkeypatch.setattr("sparta_explore.compile.int8_pairs.fastest_ms", timed)
     cm = compile(model, table, (x,), device=device, cache_dir=cache_dir, tune=False, kernels={"int8"})
     first, second = cm.plan.ops["_0"], cm.plan.ops["_2"]
     assert first.activation == "gelu"
@@ -215,7 +215,7 @@ def test_an_op_no_candidate_can_build_keeps_its_own_module(device, cache_dir, mo
     def broken(candidate, ctx):
         raise RuntimeError("no kernel today")
 
-    monkeypatch.setattr("sparta_explore.compile_choose.lower", broken)
+    monkeypatch.setattr("sparta_explore.compile.choose.lower", broken)
     with pytest.warns(CompileWarning, match="no candidate could run"):
         cm = compile(model, table, (x,), device=device, cache_dir=cache_dir, tune=False)
     op = next(iter(cm.plan.ops.values()))

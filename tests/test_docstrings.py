@@ -7,7 +7,8 @@ import pkgutil
 import pytest
 
 PACKAGES = ["sparta_explore", "sparta_explore.zoo", "sparta_explore.pruners", "sparta_explore.quantizers",
-            "sparta_explore.kernels", "sparta_explore.propagation", "sparta_explore.plan", "sparta_explore.explore"]
+            "sparta_explore.kernels", "sparta_explore.propagation", "sparta_explore.plan", "sparta_explore.explore",
+            "sparta_explore.compile", "sparta_explore.compile.passes"]
 
 
 def _modules() -> list[str]:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sparta_explore.compile_config import CompileConfig
+from sparta_explore.compile.config import CompileConfig
 from sparta_explore.errors import ConfigError
 from sparta_explore.explore.params import FLOAT_BITS, TrialParams, format_block
 from sparta_explore.graph import Graph

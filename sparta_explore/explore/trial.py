@@ -45,7 +45,7 @@ from typing import Any
 
 import pandas as pd
 
-from sparta_explore.compile_config import CompileConfig
+from sparta_explore.compile.config import CompileConfig
 from sparta_explore.errors import ConfigError
 from sparta_explore.explore.objectives import score as objective_score
 from sparta_explore.explore.params import TrialParams, format_block, format_layer_sparsity

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sparta_explore.graph import Graph, capture  # noqa: F401  (capture: used by the docstring example)
+from sparta_explore.module_tree import set_module
 from sparta_explore.plan.bit_rounding import MIN_GRID_BITS
 from sparta_explore.tesa import TeSA
 
@@ -206,11 +207,11 @@ def replace_site(gm: fx.GraphModule, site: WeightSite, module: nn.Module) -> fx.
     """
     node = next(n for n in gm.graph.nodes if n.name == site.node)
     if node.op == "call_module" and site.layout == OUT_IN:
-        gm.set_submodule(node.target, module)
+        set_module(gm, node.target, module)  # parents copied: a module tree shared with another graph stays as it is
         return node
     if not hasattr(gm, COMPILED_OPS):
         gm.add_module(COMPILED_OPS, nn.Module())
-    gm.get_submodule(COMPILED_OPS).add_module(site.node, module)
+    set_module(gm, f"{COMPILED_OPS}.{site.node}", module)
     with gm.graph.inserting_before(node):
         call = gm.graph.call_module(f"{COMPILED_OPS}.{site.node}", (node.args[site.input_index],))
     call.meta = dict(node.meta)

@@ -96,3 +96,58 @@ class MobileNetMini(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.pool(self.blocks(self.stem(x))).flatten(1)
         return self.fc(self.dropout(x))
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block: 1x1 expand conv-BN-ReLU6, 3x3 depthwise conv-BN-ReLU6, 1x1 project conv-BN, residual add.
+
+    The residual is added when the block keeps its input's shape (stride 1, same width).
+    """
+
+    def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
+        super().__init__()
+        hidden = cin * expand
+        self.residual = stride == 1 and cin == cout
+        layers: list[nn.Module] = []
+        if expand != 1:
+            layers += [nn.Conv2d(cin, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6()]
+        layers += [nn.Conv2d(hidden, hidden, 3, stride=stride, padding=1, groups=hidden, bias=False),
+                   nn.BatchNorm2d(hidden), nn.ReLU6(),
+                   nn.Conv2d(hidden, cout, 1, bias=False), nn.BatchNorm2d(cout)]
+        self.body = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.body(x)
+        return x + y if self.residual else y
+
+
+# (expand ratio, width, blocks, first stride) per stage: MobileNetV2's table, narrowed for 32x32 inputs
+MOBILENETV2_STAGES = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 3, 2), (6, 96, 2, 1))
+
+
+class MobileNetV2Mini(nn.Module):
+    """Stem conv-BN-ReLU6, inverted-residual stages, 1x1 conv-BN-ReLU6 head, global average pool, linear.
+
+    Example:
+        >>> MobileNetV2Mini()(torch.zeros(2, 3, 32, 32)).shape
+        torch.Size([2, 10])
+    """
+
+    def __init__(self, stages: tuple[tuple[int, int, int, int], ...] = MOBILENETV2_STAGES, stem: int = 32,
+                 last: int = 320, num_classes: int = 10, in_channels: int = 3) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, stem, 3, padding=1, bias=False), nn.BatchNorm2d(stem),
+                                  nn.ReLU6())
+        blocks, cin = [], stem
+        for expand, width, n, stride in stages:
+            for i in range(n):
+                blocks.append(InvertedResidual(cin, width, stride if i == 0 else 1, expand))
+                cin = width
+        self.blocks = nn.Sequential(*blocks)
+        self.head = nn.Sequential(nn.Conv2d(cin, last, 1, bias=False), nn.BatchNorm2d(last), nn.ReLU6())
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(last, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(self.head(self.blocks(self.stem(x))))
+        return self.fc(torch.flatten(x, 1))

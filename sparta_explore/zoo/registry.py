@@ -17,7 +17,7 @@ from torch import nn
 
 from sparta_explore.registry import Registry
 from sparta_explore.zoo.bert import BertConfig, BertEncoder, DigitsTransformer
-from sparta_explore.zoo.convnets import MobileNetMini, ResNetMini
+from sparta_explore.zoo.convnets import MobileNetMini, MobileNetV2Mini, ResNetMini
 from sparta_explore.zoo.digits_models import DigitsCNN, DigitsMLP
 
 
@@ -147,3 +147,10 @@ def _resnet_32() -> nn.Module:
 def _mobilenet_32() -> nn.Module:
     return MobileNetMini(widths=(64, 128, 128, 256, 256, 512), strides=(1, 2, 1, 2, 1, 2), stem=32,
                          in_channels=3)
+
+
+@register_model("mobilenetv2-32", input_shape=(3, 32, 32), default_batch=8, task=None,
+                description="MobileNetV2-style inverted residuals (expand-BN-ReLU6, depthwise-BN-ReLU6, project-BN, "
+                            "add), 3x32x32 input (latency)")
+def _mobilenetv2_32() -> nn.Module:
+    return MobileNetV2Mini()

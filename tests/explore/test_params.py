@@ -94,7 +94,7 @@ def test_explore_import_is_lean():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     loaded = set(out.split())
     assert not {m for m in loaded if m.split(".")[0] in ("nni", "matplotlib", "sklearn")}
-    assert not {"sparta_explore.pruners", "sparta_explore.kernels", "sparta_explore.compile"} & loaded
+    assert not {"sparta_explore.pruners", "sparta_explore.kernels", "sparta_explore.compile.pipeline"} & loaded
 
 
 def test_per_layer_sparsities_fold_flat_keys_and_round_trip():

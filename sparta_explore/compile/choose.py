@@ -16,8 +16,8 @@ import warnings
 import torch
 from torch import nn
 
+from sparta_explore.compile.lowering import LowerContext, lower
 from sparta_explore.device import fastest_ms
-from sparta_explore.lowering import LowerContext, lower
 from sparta_explore.plan import Candidate, OpPlan
 from sparta_explore.plan.execution_plan import FP32, ORIGINAL
 

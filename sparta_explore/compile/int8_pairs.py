@@ -22,6 +22,7 @@ from torch import nn
 from sparta_explore.device import fastest_ms
 from sparta_explore.kernels.build import KernelBuildError
 from sparta_explore.kernels.fused_ffn import FusedInt8Pair, fusable
+from sparta_explore.module_tree import set_module
 from sparta_explore.plan import OpPlan
 from sparta_explore.plan.sites import OUT_IN
 
@@ -69,7 +70,7 @@ def fuse_pairs(gm: fx.GraphModule, planned: list[OpPlan], compiled: dict[str, nn
             first.notes.append(f"fusion with {second.op!r} measured slower ({said}): kept apart")
             continue
         user = next(iter(node.users))
-        gm.set_submodule(node.target, fused)
+        set_module(gm, node.target, fused)
         user.replace_all_uses_with(node)
         gm.graph.erase_node(user)
         compiled[first.op] = fused

@@ -35,7 +35,11 @@ class CompileConfig:
     * `verify`: check the compiled model against the model masked with the table it was
       given (and, for a propagation result, the table propagation started from).
     * `fuse`: with measured choice, time chained int8 kernels fused tile by tile (an FFN's
-      fc1 + fc2) and keep the fusion where it is faster (`compile_fuse.py`).
+      fc1 + fc2) and keep the fusion where it is faster (`compile/int8_pairs.py`).
+    * `passes`: the graph and kernel passes to run, by name (None: all, in their order;
+      `()`: none). `sparta_explore.compile.passes.base.PASSES` lists them.
+    * `guard`: time the whole compiled model against the dense model once; if it is
+      slower, run the faster of it and the model masked with the table (`compile/guard.py`).
     """
 
     choose: str = "measured"
@@ -46,8 +50,16 @@ class CompileConfig:
     cache_dir: str | os.PathLike | None = None
     verify: bool = True
     fuse: bool = True
+    passes: tuple[str, ...] | None = None
+    guard: bool = True
 
     def __post_init__(self) -> None:
+        if self.passes is not None:
+            from sparta_explore.compile.passes.base import check_pass_names
+
+            if isinstance(self.passes, str) or not isinstance(self.passes, Collection):
+                raise ConfigError(f"CompileConfig.passes must be a sequence of pass names, got {self.passes!r}")
+            object.__setattr__(self, "passes", check_pass_names(tuple(self.passes)))
         if self.choose not in ("measured", "predicted"):
             raise ConfigError(f"CompileConfig.choose must be 'measured' or 'predicted', got {self.choose!r}")
         if isinstance(self.runs, bool) or not isinstance(self.runs, int) or self.runs < 1:
@@ -60,6 +72,26 @@ class CompileConfig:
                 raise ConfigError(f"CompileConfig.kernels: unknown families {unknown}; choose from "
                                   f"{list(KERNEL_FAMILIES)}")
             object.__setattr__(self, "kernels", frozenset(self.kernels) | {"dense"})
+
+    def runs_pass(self, name: str) -> bool:
+        """Whether the pass `name` runs under this config.
+
+        Example:
+            >>> CompileConfig(passes=("shrink",)).runs_pass("fold_batchnorm")
+            False
+        """
+        return self.passes is None or name in self.passes
+
+    def graph_passes(self) -> tuple[str, ...]:
+        """The graph-phase passes this config runs, in run order.
+
+        Example:
+            >>> CompileConfig(passes=("shrink", "simplify")).graph_passes()
+            ('simplify', 'shrink')
+        """
+        from sparta_explore.compile.passes.pipeline import graph_pass_names
+
+        return graph_pass_names(self.passes)
 
     def with_options(self, **options: Any) -> CompileConfig:
         """A copy with `options` replaced; an unknown option is a `ConfigError` naming it.

@@ -1,0 +1,136 @@
+"""CompiledModel: what `compile` returns, an nn.Module called like the model, with everything compile did on record.
+
+Example:
+    >>> cm = compile(model, table, (x,))     # doctest: +SKIP
+    >>> print(cm.summary())                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.nn.modules import module as _module
+
+from sparta_explore.compile.choose import CompileWarning
+from sparta_explore.plan import ExecutionPlan
+from sparta_explore.tracing.inputs import set_mode
+
+
+@dataclass(frozen=True)
+class SizeGuard:
+    """The input sizes a compiled model was specialized to (all but the batch dim), and the module for any other size.
+
+    Graph passes may bake the example's spatial size into the model (a constant channel's
+    map through a padded conv). A call with other sizes runs `fallback` (the model masked
+    with the table) with one `CompileWarning`, never a wrong answer or a broadcast error.
+    """
+
+    shapes: tuple[tuple[int, ...] | None, ...]
+    fallback: nn.Module
+
+    def fits(self, args: Sequence[Any]) -> bool:
+        if len(args) != len(self.shapes):
+            return False
+        for a, want in zip(args, self.shapes):
+            if want is None:
+                continue
+            if not isinstance(a, torch.Tensor) or tuple(a.shape[1:]) != want:
+                return False
+        return True
+
+
+class CompiledModel(nn.Module):
+    """The model after graph passes, with planned ops swapped for kernels; `report` says what each op runs.
+
+    Attributes: `plan` (the ExecutionPlan with measured times and choices: compile's own copy),
+    `report` (DataFrame, one row per planned op), `passes` (DataFrame, one row per pass:
+    what it changed and how long it took), `checks` (DataFrame: check, error, tolerance,
+    passed), `guard` (the whole-model timing against the dense model, or None), `max_error`
+    (vs the reference ops), `table_error` (vs the model masked with the table, weights on
+    their grids), `fp32_error` (vs the masked model in fp32: quantization's own error),
+    `unread` (table names the forward never reads), `seconds`. Called like the model.
+
+    Example:
+        >>> cm = compile(model, table, (x,)); y = cm(x)  # doctest: +SKIP
+    """
+
+    def __init__(self, module: fx.GraphModule, plan: ExecutionPlan, checks: pd.DataFrame, seconds: float,
+                 unread: list[str], fp32_error: float, passes: pd.DataFrame | None = None,
+                 guard: dict | None = None, size_guard: SizeGuard | None = None) -> None:
+        super().__init__()
+        self.module = module
+        self.plan = plan
+        self.checks = checks
+        self.seconds = seconds
+        self.unread = unread
+        self.fp32_error = fp32_error
+        self.passes = passes if passes is not None else pd.DataFrame(columns=["pass", "changed", "seconds", "notes"])
+        self.guard = guard
+        self.size_guard = size_guard
+        self._warned_size = False
+
+    @property
+    def max_error(self) -> float:
+        """Relative error against the graph with each compiled op running its reference."""
+        return float(self.checks.set_index("check").loc["ops", "error"])
+
+    @property
+    def table_error(self) -> float:
+        """Relative error against the model masked with the table (weights on their grids)."""
+        return float(self.checks.set_index("check").loc["table", "error"])
+
+    @property
+    def report(self) -> pd.DataFrame:
+        return self.plan.table()
+
+    def summary(self) -> str:
+        """Passes, per-op choices and checks as plain text (every column shown, whatever pandas' display width).
+
+        Example:
+            >>> print(cm.summary())   # doctest: +SKIP
+        """
+        ops = self.report
+        cols = [c for c in ("op", "shape", "choice", "parts", "meas_ms", "dense_ms", "notes") if c in ops.columns]
+        parts = ["passes:", self.passes[["pass", "changed", "seconds"]].to_string(index=False),
+                 "ops:", ops[cols].to_string(index=False) if len(ops) else "no pruned or quantized weighted ops",
+                 "checks:", self.checks.to_string(index=False)]
+        if self.guard is not None:
+            parts += ["whole model:", ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                                 for k, v in self.guard.items())]
+        return "\n".join(parts)
+
+    def train(self, mode: bool = True) -> CompiledModel:
+        # an exported module refuses train()/eval(): its dropout mode was fixed at export
+        self.training = mode
+        set_mode(self.module, mode)
+        return self
+
+    def __call__(self, *args, **kwargs):
+        # no hooks on the wrapper: straight to the module's own call (a tiny model's latency is a few such calls)
+        if self._forward_hooks or self._forward_pre_hooks or _module._global_forward_hooks \
+                or _module._global_forward_pre_hooks or self.size_guard is not None:
+            return super().__call__(*args, **kwargs)
+        return self._run(*args, **kwargs)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name == "module":  # the bound call, kept where attribute lookup is cheapest
+            self.__dict__["_run"] = value.__call__
+
+    def forward(self, *args, **kwargs):
+        if self.size_guard is not None and not kwargs and not self.size_guard.fits(args):
+            if not self._warned_size:
+                self._warned_size = True
+                warnings.warn("this compiled model was specialized to its example inputs' sizes "
+                              f"{[s for s in self.size_guard.shapes]} (batch free); other sizes run the masked "
+                              "reference model: compile again with inputs of this size for speed", CompileWarning,
+                              stacklevel=2)
+            return self.size_guard.fallback(*args)
+        return self.module(*args, **kwargs)

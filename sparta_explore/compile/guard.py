@@ -1,0 +1,47 @@
+"""Never slower than what the user gave: the whole compiled model is timed against the dense model once.
+
+Dense and the candidates (the compiled model; for an fp32 table also the model after the
+graph passes with no kernels, which computes the same) are called alternately on the
+example inputs (a load burst hits all) and compared by median; the fastest runs. When even
+that is slower than dense, the trusted reference (the model masked with the table, the
+user's arithmetic) is timed too and the faster of the two runs. `CompiledModel.guard`
+records the times and which runs.
+
+Example:
+    >>> name, module, record = guarded(graph, {"compiled": gm}, reference, runs=5)   # doctest: +SKIP
+    >>> name                                                                        # doctest: +SKIP
+    'compiled'
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from sparta_explore.compile.timing import alternating_ms
+from sparta_explore.graph import Graph
+
+
+def guarded(graph: Graph, candidates: dict[str, nn.Module], reference: nn.Module, runs: int
+            ) -> tuple[str, nn.Module, dict]:
+    """The fastest of `candidates` (all computing what the table asks), or `reference` if even that is slower than
+    the dense model and the reference is faster; its name, the module and the timing record.
+
+    Example:
+        >>> name, module, record = guarded(graph, {"compiled": gm}, ref, runs=5)   # doctest: +SKIP
+        >>> record["dense_ms"] > 0                                                 # doctest: +SKIP
+        True
+    """
+    names = list(candidates)
+    times = alternating_ms(graph, [graph.module, *candidates.values()], runs)
+    dense_ms, measured = times[0], dict(zip(names, times[1:]))
+    best = min(names, key=measured.get)
+    record = {"dense_ms": dense_ms, **{f"{n}_ms": t for n, t in measured.items()}}
+    if measured[best] > dense_ms:
+        best_ms, reference_ms = alternating_ms(graph, [candidates[best], reference], runs)
+        record.update({f"{best}_ms": best_ms, "reference_ms": reference_ms})
+        measured[best] = best_ms
+        if reference_ms < best_ms:
+            record.update(runs="reference", x_dense=dense_ms / reference_ms)
+            return "reference", reference, record
+    record.update(runs=best, x_dense=dense_ms / measured[best])
+    return best, candidates[best], record

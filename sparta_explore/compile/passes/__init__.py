@@ -1,0 +1,1 @@
+"""Graph passes of the compile stage (see `sparta_explore.compile.passes.pipeline`)."""

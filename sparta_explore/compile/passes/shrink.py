@@ -1,0 +1,190 @@
+"""The `shrink` pass: channels, rows and heads pruned across their whole dependency group are cut out physically.
+
+After propagation, a channel every element of which is pruned in a tensor's TeSA may be
+zeroed without changing the output. This pass walks the graph once, in order, tracking per
+value which channels it physically holds along one axis (`Present`): a linear or groups-1
+conv keeps only its kept output rows and reads only the channels its input holds (its
+weight shrinks both ways, its TeSA is sliced, and what is still sparse inside goes to the
+kernels as before); depthwise convs, BatchNorm, per-element ops and pooling carry their
+input's channels; residual adds meet two channel sets in their union (`AlignedAdd`);
+reshapes, permutes and attention matmuls carry whole heads. An op with no rule, or whose
+rule cannot hold the channels (a LayerNorm over them, a non-zero constant in a cut
+channel), gets its input back at full width (`ExpandChannels`, zeros in the cut channels):
+shrinking stops there, never the result. Rows that only reshapes read before such an
+expansion (Q and K cut to different features, met again at full width by attention) are
+not cut at all: the walk runs again without cutting them (the kernels skip pruned rows on
+their own). Each op family's rule is in `shrink_rules.py`.
+
+Example:
+    >>> shrink(graph, table, PassOptions()).summary()   # doctest: +SKIP
+    'ops shrunk 40, channels removed 1632, expansions 1'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from sparta_explore.compile.passes.base import PassOptions, PassResult, Table, register_pass
+from sparta_explore.compile.passes.graph_edit import add_module, carried, editable, finished
+from sparta_explore.compile.passes.shrink_ops import ExpandChannels
+from sparta_explore.graph import Graph
+from sparta_explore.tesa import TeSA
+
+OPS = "sparta_shrink"  # where the ops this pass adds are registered
+MAX_WALKS = 4
+
+
+@dataclass(frozen=True)
+class Present:
+    """A value that holds only the channels `index` (sorted, original numbering) of `size` along `axis`."""
+
+    axis: int
+    index: torch.Tensor
+    size: int
+    origin: str | None = None  # the linear / conv whose cut rows these are, while only reshapes and permutes followed
+
+    def positions_in(self, other: Present) -> torch.Tensor:
+        """Where this value's channels sit among `other`'s (every one of ours must be in `other`)."""
+        lookup = torch.full((self.size,), -1, dtype=torch.long)
+        lookup[other.index] = torch.arange(len(other.index))
+        return lookup[self.index]
+
+
+class ShrinkWalk:
+    """One walk of the shrink pass over an editable copy: what each value holds, and the table for the result.
+
+    Rules read `present`, `kept`, `rank` and `shape`; they change nodes through `set_present`,
+    `materialize`, `add_op` and `entries` (the TeSAs of weights they resized).
+    """
+
+    def __init__(self, graph: Graph, gm: fx.GraphModule, table: Table, keep_rows: frozenset[str] = frozenset()
+                 ) -> None:
+        self.graph, self.gm, self.table = graph, gm, table
+        self.keep_rows = keep_rows  # ops whose rows are not cut: nothing but reshapes would have read them cut
+        self.wasted: set[str] = set()
+        self.states: dict[str, Present] = {}
+        self.entries: dict[str, TeSA] = {}
+        self.expanded: dict[str, fx.Node] = {}
+        self.renames: dict[str, str] = {}  # an op a rule replaced -> the node that computes its value now
+        self.counts = {"ops shrunk": 0, "channels removed": 0, "expansions": 0}
+
+    def present(self, value: object) -> Present | None:
+        return self.states.get(value.name) if isinstance(value, fx.Node) else None
+
+    def shape(self, value: object) -> tuple[int, ...] | None:
+        info = self.graph.tensors.get(value.name) if isinstance(value, fx.Node) else None
+        return info.shape if info is not None else None
+
+    def rank(self, value: object) -> int | None:
+        shape = self.shape(value)
+        return None if shape is None else len(shape)
+
+    def kept(self, node: fx.Node, axis: int) -> torch.Tensor | None:
+        """The indices of `node`'s channels along `axis` that its TeSA keeps, or None when it keeps them all."""
+        tesa = self.table.get(node.name)
+        if tesa is None:
+            return None
+        kept = tesa.channels_kept(axis)
+        if bool(kept.all()):
+            return None
+        index = kept.nonzero().flatten()
+        return index if len(index) else torch.zeros(1, dtype=torch.long)  # an op keeps one channel, never none
+
+    def kept_within(self, node: fx.Node, p: Present) -> bool:
+        """Whether every channel `node`'s TeSA keeps along `p.axis` is among `p`'s (so the others may read as 0)."""
+        tesa = self.table.get(node.name)
+        kept = tesa.channels_kept(p.axis) if tesa is not None else torch.ones(p.size, dtype=torch.bool)
+        if len(kept) != p.size:
+            return False
+        kept = kept.clone()
+        kept[p.index] = False
+        return not bool(kept.any())
+
+    def set_present(self, node: fx.Node, p: Present | None, *, layout: bool = False) -> None:
+        """Record what `node`'s value holds; `layout` for ops that only move axes (the cut rows' origin stays)."""
+        if p is not None and len(p.index) < p.size:
+            self.states[node.name] = p if layout or p.origin is None else dataclasses.replace(p, origin=None)
+
+    def add_op(self, name: str, module: nn.Module, args: tuple, before: fx.Node) -> fx.Node:
+        """A call of `module` (registered under `sparta_shrink`) inserted before `before`."""
+        target = add_module(self.gm, OPS, name, module)
+        with self.gm.graph.inserting_before(before):
+            return self.gm.graph.call_module(target, args)
+
+    def materialize(self, user: fx.Node, value: object) -> None:
+        """Give `user` the full-width `value` (cut channels as zeros): shrinking stops at `user` for this input."""
+        p = self.present(value)
+        if p is None:
+            return
+        if p.origin is not None:  # cut rows that nothing but reshapes read: cutting them only added this expand
+            self.wasted.add(p.origin)
+        full = self.expanded.get(value.name)
+        if full is None:
+            full = self.add_op(f"expand_{value.name}", ExpandChannels(p.axis, p.index, p.size), (value,), user)
+            self.expanded[value.name] = full
+            self.counts["expansions"] += 1
+        user.replace_input_with(value, full)
+
+    def opaque(self, node: fx.Node) -> None:
+        """An op no rule holds channels through: every shrunk input comes back at full width."""
+        for value in list(node.all_input_nodes):
+            self.materialize(node, value)
+
+    def shrunk_weight(self, name: str, rows: torch.Tensor | None, cols: torch.Tensor | None) -> None:
+        """Slice the TeSA of parameter `name` like the parameter (rows: dim 0, cols: dim 1)."""
+        tesa = self.table.get(name)
+        if tesa is None:
+            return
+        if rows is not None:
+            tesa = tesa.select(0, rows)
+        if cols is not None and len(tesa.shape) > 1:
+            tesa = tesa.select(1, cols)
+        self.entries[name] = tesa
+
+    def table_out(self, new: Graph) -> dict[str, TeSA]:
+        """The table keyed to the shrunk graph: shrunk values' TeSAs sliced, resized weights' replaced."""
+        out = dict(self.table)
+        old_name = {new_name: old for old, new_name in self.renames.items()}
+        for name, p in self.states.items():
+            tesa = self.table.get(old_name.get(name, name))
+            if tesa is not None:
+                out[old_name.get(name, name)] = tesa.select(p.axis, p.index)
+        out.update(self.entries)
+        return carried(out, new, self.renames)
+
+
+@register_pass("shrink")
+def shrink(graph: Graph, table: Table, options: PassOptions) -> PassResult:
+    """Cut out the channels, rows and heads the table prunes everywhere they flow (see the module docstring).
+
+    Example:
+        >>> smaller = shrink(graph, table, PassOptions()).graph   # doctest: +SKIP
+    """
+    from sparta_explore.compile.passes import shrink_layout_rules  # noqa: F401  (registers its rules)
+    from sparta_explore.compile.passes.shrink_rules import rule_for
+
+    keep_rows: frozenset[str] = frozenset()
+    for _ in range(MAX_WALKS):  # walk again, not cutting the rows a walk found only expanded again
+        gm = editable(graph)
+        walk = ShrinkWalk(graph, gm, table, keep_rows)
+        for node in list(gm.graph.nodes):  # ops the walk inserts are not in this list: they need no rule
+            if node.op == "output":
+                walk.opaque(node)
+            elif node.op in ("call_module", "call_function", "call_method"):
+                rule = rule_for(gm, node)
+                if rule is None:
+                    walk.opaque(node)
+                else:
+                    rule(walk, node)
+        if walk.wasted <= keep_rows:
+            break
+        keep_rows = keep_rows | frozenset(walk.wasted)
+    if not walk.counts["ops shrunk"]:
+        return PassResult(graph, table, {k: 0 for k in walk.counts})
+    new = finished(graph, gm)
+    return PassResult(new, walk.table_out(new), walk.counts)

@@ -1,0 +1,254 @@
+"""compile(): a captured model plus its TeSAs become a CompiledModel: rewritten, with the kernels that measured fastest.
+
+Steps, each a named part of this package:
+
+1. mask a copy of the captured graph with the table (the user's model is never touched);
+2. **graph passes** (`passes/`, `CompileConfig.passes`): simplify, fold BatchNorm, fold
+   constant channels (and propagate again), shrink what is pruned whole, fuse attention,
+   channels-last where the whole model is faster;
+3. **plan** the weight ops still pruned or quantized (candidates with predicted times),
+   unless a plan is given (then the graph passes are skipped: the plan names the
+   captured graph's ops);
+4. **choose**: record every planned op's real input on the example inputs, build each
+   candidate, check it against its reference on that input, time them, keep the fastest
+   and fuse the activation that follows a linear;
+5. **kernel passes**: chained int8 linears fused tile by tile where faster
+   (`int8_pairs.py`), then the adds / scales / activation after every op fused into its
+   output stage (`epilogue.py`);
+6. **checks** (`verify.py`): against the reference ops, the table (the captured graph,
+   before any pass) and the input table; a failed check runs the trusted reference;
+7. **guard** (`guard.py`): the whole compiled model timed against the dense model (and, for
+   an fp32 table, against the passes' model without kernels, which computes the same);
+   the fastest runs, or the masked reference when even that is slower than dense.
+
+Example:
+    >>> cm = compile(graph, result, config=CompileConfig(tune=False))   # doctest: +SKIP
+    >>> print(cm.summary())                                              # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+import torch
+import torch.fx as fx
+from torch import nn
+
+from sparta_explore.compile.choose import TOLERANCE, choose, narrowest
+from sparta_explore.compile.compiled_model import CompiledModel, SizeGuard
+from sparta_explore.compile.config import CompileConfig
+from sparta_explore.compile.epilogue import fuse_epilogues
+from sparta_explore.compile.guard import guarded
+from sparta_explore.compile.int8_pairs import fuse_pairs
+from sparta_explore.compile.lowering import LowerContext
+from sparta_explore.compile.passes.base import PassOptions
+from sparta_explore.compile.passes.constant_channels import SIZE_SPECIALIZED
+from sparta_explore.compile.passes.graph_edit import editable
+from sparta_explore.compile.passes.pipeline import PassReport, run_passes
+from sparta_explore.compile.table_reference import split_unread, table_reference
+from sparta_explore.compile.verify import check_row, model_error, verified_module
+from sparta_explore.device import DeviceProfile
+from sparta_explore.errors import SpartaError
+from sparta_explore.graph import Graph, capture, rewritten
+from sparta_explore.kernels.build import compiler_available, warn_compiler_missing
+from sparta_explore.masking import apply_table
+from sparta_explore.plan import ExecutionPlan, OpPlan
+from sparta_explore.plan import plan as make_plan
+from sparta_explore.plan.execution_plan import FP32, ORIGINAL
+from sparta_explore.plan.sites import OUT_IN, replace_site
+from sparta_explore.tesa import TeSA
+
+__all__ = ["CompileConfig", "CompiledModel", "compile"]
+
+
+class _InputRecorder(fx.Interpreter):
+    """Runs the graph once and keeps the activation each planned op reads."""
+
+    def __init__(self, gm: fx.GraphModule, wanted: Mapping[str, int]) -> None:
+        super().__init__(gm)
+        self.wanted, self.seen = wanted, {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        if n.name in self.wanted:
+            args, _ = self.fetch_args_kwargs_from_env(n)
+            self.seen[n.name] = args[self.wanted[n.name]].detach()
+        return super().run_node(n)
+
+
+def _record_inputs(graph: Graph, ops: list[OpPlan]) -> dict[str, torch.Tensor]:
+    recorder = _InputRecorder(graph.module, {op.op: op.site.input_index for op in ops})
+    with torch.inference_mode():
+        recorder.run(*graph.example_inputs)
+    return recorder.seen
+
+
+def _swap(gm: fx.GraphModule, op: OpPlan, module: nn.Module) -> None:
+    """Put `module` in place of `op`'s site and fuse the activation that followed it."""
+    call = replace_site(gm, op.site, module)
+    if op.activation_node is not None:
+        act = next(n for n in gm.graph.nodes if n.name == op.activation_node)
+        act.replace_all_uses_with(call)
+        gm.graph.erase_node(act)
+
+
+def _unwrap_table(table: Any) -> tuple[Mapping[str, TeSA], Mapping[str, TeSA] | None]:
+    from sparta_explore.propagation.report import PropagationResult
+
+    if isinstance(table, PropagationResult):
+        return table.table, table.input_table
+    return table, None
+
+
+def _pass_frame(reports: list[PassReport], kernel_rows: list[dict]) -> pd.DataFrame:
+    rows = [{"pass": r.name, "changed": r.summary, "seconds": round(r.seconds, 3), "notes": "; ".join(r.notes)}
+            for r in reports]
+    return pd.DataFrame(rows + kernel_rows, columns=["pass", "changed", "seconds", "notes"])
+
+
+def _choose_all(working: Graph, execution: ExecutionPlan, config: CompileConfig) -> dict[str, nn.Module]:
+    """Build, check and time every planned op's candidates on its recorded input; the chosen modules by op."""
+    planned = list(execution.ops.values())
+    op_inputs = _record_inputs(working, planned)
+    compiled: dict[str, nn.Module] = {}
+    for op in planned:
+        if op.site.module_target is not None and len(working.module_nodes(op.site.module_target)) > 1:
+            op.notes.append("module called more than once: left as is")
+            op.chosen = ORIGINAL
+            continue
+        module = op.site.as_module(working.module)
+        if _channels_last(module):  # the memory_format pass chose NHWC: kernels reading NCHW would reorder
+            op.candidates = [c for c in op.candidates if all(p.kernel in ("dense", "shrink") for p in c.parts)]
+            op.notes.append("channels-last model: NCHW conv kernels not offered")
+        ctx = LowerContext(module, op.activation, op.m, config.cache_dir, tune=False,
+                           in_shape=tuple(op_inputs[op.op].shape))
+        module = choose(op, ctx, op_inputs[op.op], config.choose, config.runs, tune=config.tune)
+        if module is not None and _same_as_masked(op) and op.site.module_target is not None:
+            op.notes.append("dense fp32 chosen: the op's own masked module stays (no wrapper)")
+        elif module is not None:
+            module.label = op.op
+            compiled[op.op] = module
+    for op in planned:
+        if op.op in compiled:
+            _swap(working.module, op, compiled[op.op])
+    if config.fuse and config.runs_pass("fuse_int8_pairs") and config.choose == "measured":
+        fuse_pairs(working.module, planned, compiled, op_inputs, config.runs, config.cache_dir)
+    return compiled
+
+
+def _same_as_masked(op: OpPlan) -> bool:
+    """Whether the chosen candidate computes exactly the site's own masked module (dense, fp32, fp32 input)."""
+    if op.chosen != "dense" or op.activation_node is not None:
+        return False
+    part = op.candidate("dense").parts[0]
+    return part.weight_bits == FP32 and part.act_bits == FP32 and op.site.layout == OUT_IN
+
+
+def _channels_last(module: nn.Module) -> bool:
+    w = getattr(module, "weight", None)
+    return isinstance(w, torch.Tensor) and w.dim() == 4 and not w.is_contiguous() and \
+        w.is_contiguous(memory_format=torch.channels_last)
+
+
+def _eager_reference(graph: Graph, table: Mapping[str, TeSA], trusted: nn.Module, tol: float) -> nn.Module:
+    """What runs when nothing compiled is faster: for an fp32 table the user's own model, masked (no graph, no
+    wrapper: a tiny model's latency is mostly call overhead), checked against `trusted`; else `trusted`."""
+    if tol != TOLERANCE[FP32] or not isinstance(graph.root, nn.Module) or graph.root is graph.module:
+        return trusted
+    try:
+        eager = apply_table(copy.deepcopy(graph.root), table)
+    except SpartaError:
+        return trusted  # the table names the captured graph's tensors, not the model's own
+    return eager if model_error(graph, eager, trusted) <= tol else trusted
+
+
+def _size_guard(graph: Graph, gm: fx.GraphModule, fallback: nn.Module) -> SizeGuard | None:
+    """Inputs of other sizes run `fallback` when a pass baked the example's sizes into `gm` (bias maps)."""
+    if not any(name.startswith(SIZE_SPECIALIZED) for name, _ in gm.named_buffers()):
+        return None
+    shapes = tuple(tuple(x.shape[1:]) if isinstance(x, torch.Tensor) else None for x in graph.call_args)
+    return SizeGuard(shapes, fallback)
+
+
+def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, config: CompileConfig | None = None,
+            *, plan: ExecutionPlan | None = None, **options: Any) -> CompiledModel:
+    """Compile a model (or its `Graph`) with the pruning and bits of `table`; see the module docstring.
+
+    `table` is a TeSA mapping or a `PropagationResult` (then both tables are verified).
+    `example_inputs` default to the graph's; a model is captured once on them
+    (`capture`'s "auto" method). `config` (`CompileConfig`) holds every option; keyword
+    `options` override its fields (`compile(model, table, x, tune=False)`). A given `plan`
+    is copied, never edited. `model` itself is not modified.
+
+    Example:
+        >>> cm = compile(model, table, (x,))   # doctest: +SKIP
+        >>> torch.allclose(cm(x), masked_copy(model, table)(x), atol=1e-3)  # doctest: +SKIP
+        True
+    """
+    config = (config or CompileConfig()).with_options(**options)
+    start = time.perf_counter()
+    graph = model if isinstance(model, Graph) else capture(model, example_inputs)
+    if isinstance(model, Graph) and example_inputs is not None:
+        graph = capture(graph.module, example_inputs, method="graph_module")  # same module, other inputs
+    table, input_table = _unwrap_table(table)
+    kernels = config.kernels
+    if not compiler_available():  # one warning, then PyTorch's own kernels only
+        warn_compiler_missing()
+        kernels = frozenset({"dense", "shrink"})
+    device = config.device or DeviceProfile.load_or_measure(cache_dir=config.cache_dir)
+    trusted, unread = table_reference(graph, table)
+    gm = copy.deepcopy(graph.module)
+    usable, _ = split_unread(graph, gm, table)
+    apply_table(gm, usable)
+    working = rewritten(graph, gm)
+    names = () if plan is not None else config.graph_passes()
+    working, work_table, reports = run_passes(working, usable, names, PassOptions(config.runs, config.cache_dir))
+    execution = copy.deepcopy(plan) if plan is not None else make_plan(working, work_table, device)
+    if kernels is not None:
+        for op in execution.ops.values():
+            op.candidates = [c for c in op.candidates if c.name == "dense" or all(p.kernel in kernels for p in c.parts)]
+    before_kernels = editable(working)  # the passes' model with no kernels: the guard's other candidate
+    compiled = _choose_all(working, execution, config)
+    gm = working.module
+    kernel_rows = []
+    if config.runs_pass("fuse_epilogue"):
+        t0 = time.perf_counter()
+        counts = fuse_epilogues(working, gm, compiled)
+        fuse_epilogues(working, before_kernels, {})
+        kernel_rows.append({"pass": "fuse_epilogue", "seconds": round(time.perf_counter() - t0, 3), "notes": "",
+                            "changed": ", ".join(f"{k} {v}" for k, v in counts.items() if v) or "nothing"})
+    for module in (gm, before_kernels):
+        module.graph.lint()
+        module.recompile()
+    chosen = [execution.ops[name].candidate(execution.ops[name].chosen) for name in compiled
+              if execution.ops[name].chosen not in (None, ORIGINAL)]
+    tol = TOLERANCE[FP32 if min((narrowest(c) for c in chosen), default=FP32) == FP32 else 8]
+    references = [("table", trusted)]
+    if input_table is not None:
+        references.append(("input table", table_reference(graph, input_table)[0]))
+    run, rows = verified_module(graph, gm, execution, compiled, references, tol, config.verify)
+    if unread and execution.ops:
+        next(iter(execution.ops.values())).notes.append(
+            f"{len(unread)} table entries name parameters the forward never reads: skipped ({unread[0]}, ...)")
+    fallback = _eager_reference(graph, usable, trusted, tol)
+    record = None
+    if config.guard and run is gm:
+        candidates = {"compiled": gm}
+        if tol == TOLERANCE[FP32]:  # fp32: the passes' model without kernels and the masked model compute the same
+            if reports:
+                candidates["graph passes only"] = before_kernels
+            if fallback is not trusted:
+                candidates["model as given, masked"] = fallback
+        name, run, record = guarded(graph, candidates, trusted, config.runs)
+        if name == "graph passes only":
+            error = model_error(graph, run, trusted)
+            rows.append(check_row("table (graph passes only)", error, tol))
+            if not error <= tol:
+                run = gm
+    fp32_error = model_error(graph, run, table_reference(graph, table, grids=False)[0])
+    size_guard = _size_guard(graph, run, fallback) if run is not fallback else None
+    return CompiledModel(run, execution, pd.DataFrame(rows), time.perf_counter() - start, unread, fp32_error,
+                         passes=_pass_frame(reports, kernel_rows), guard=record, size_guard=size_guard)

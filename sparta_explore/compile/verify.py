@@ -1,0 +1,109 @@
+"""The checks every compiled model passes before it is returned, and what runs when one fails.
+
+* **ops**: the compiled model against the same graph with every compiled op running its
+  PyTorch reference. A failure means a kernel bug: every op then runs its reference.
+* **table**: against the model masked with the table it was given (weights on their
+  grids where the table asks for <= 8 bits; `table_reference`), i.e. the captured graph
+  before any graph pass: passes and kernels together are checked against the user's model.
+* **input table**: when given a `PropagationResult`, also against the table propagation
+  started from: what the pruner and quantizer said, the reference a user can trust.
+
+If a table check fails, the compiled model runs that trusted reference instead (with a
+`CompileWarning`): never a wrong answer.
+
+Example:
+    >>> gm, rows = verified_module(graph, gm, execution, compiled, references, tol, verify=True)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from sparta_explore.compile.choose import CompileWarning, relative_error
+from sparta_explore.graph import Graph
+from sparta_explore.plan import ExecutionPlan
+
+
+class ReferenceOp(nn.Module):
+    """Runs a compiled op's PyTorch reference instead of its kernel."""
+
+    def __init__(self, op: nn.Module) -> None:
+        super().__init__()
+        self.op = op
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        return self.op.reference(*args)
+
+
+def tensor_leaves(out: Any) -> list[torch.Tensor]:
+    """The floating-point tensors in a model's output (any nesting)."""
+    return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def model_error(graph: Graph, a: nn.Module, b: nn.Module) -> float:
+    """The largest relative error between the outputs of `a` and `b` called like `graph`'s model."""
+    with torch.inference_mode():
+        outs = list(zip(tensor_leaves(graph.run(a)), tensor_leaves(graph.run(b))))
+    return max((relative_error(x.float(), y.float()) for x, y in outs), default=0.0)
+
+
+def check_row(name: str, error: float, tol: float) -> dict:
+    """One row of `CompiledModel.checks`."""
+    return {"check": name, "error": error, "tolerance": tol, "passed": bool(error <= tol)}
+
+
+def _get_attr(module: nn.Module, target: str) -> object:
+    for part in target.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def reference_module(gm: fx.GraphModule, compiled: Mapping[str, nn.Module]) -> fx.GraphModule:
+    """The compiled graph with each compiled op computed by its PyTorch reference (sharing the modules)."""
+    graph = copy.deepcopy(gm.graph)
+    ids = {id(m) for m in compiled.values()}
+    owners: dict[str, object] = {}
+    for node in graph.nodes:
+        if node.op == "call_module":
+            module = gm.get_submodule(node.target)
+            owners[node.target] = ReferenceOp(module) if id(module) in ids else module
+        elif node.op == "get_attr":
+            owners[node.target] = _get_attr(gm, node.target)
+    return fx.GraphModule(owners, graph)
+
+
+def verified_module(graph: Graph, gm: fx.GraphModule, execution: ExecutionPlan, compiled: Mapping[str, nn.Module],
+                    references: Sequence[tuple[str, nn.Module]], tol: float, verify: bool
+                    ) -> tuple[nn.Module, list[dict]]:
+    """The module to run (`gm`, or the reference that a failed check falls back to) and the check rows."""
+    reference = reference_module(gm, compiled)
+    ops_error = model_error(graph, gm, reference)
+    rows = [check_row("ops", ops_error, tol)]
+    run: nn.Module = gm
+    if not ops_error <= tol:  # never a wrong answer: every op runs its PyTorch reference instead
+        warnings.warn(f"compiled model differs from its reference ops by {ops_error:.3g} (> {tol:g}); running the "
+                      "reference ops instead. This is a kernel bug: please report it with the plan table",
+                      CompileWarning, stacklevel=4)
+        for op in execution.ops.values():
+            op.notes.append(f"whole-model check failed ({ops_error:.2e}): reference op runs")
+        run = reference
+    for name, ref in references:
+        error = model_error(graph, run, ref) if verify else float("nan")
+        rows.append(check_row(name, error, tol))
+        if verify and not error <= tol:
+            warnings.warn(f"compiled model differs from the model masked with the {name} by {error:.3g} (> {tol:g}); "
+                          f"it runs that masked model instead. A graph pass, propagation or planning changed what "
+                          f"the {name} says: please report it", CompileWarning, stacklevel=4)
+            run = ref
+            for op in execution.ops.values():
+                op.notes.append(f"{name} check failed ({error:.2e}): the masked reference runs")
+            break
+    return run, rows
