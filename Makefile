@@ -11,7 +11,7 @@ PEERS := .venv-peers
 PEERS_BIN := $(PEERS)/bin
 PEERS_STAMP := $(PEERS)/.peers-installed
 
-.PHONY: demo test test-slow lint clean bench-peers latency-vs-flops
+.PHONY: demo test test-slow lint clean bench-peers bench-whole-model latency-vs-flops
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,12 @@ $(PEERS_STAMP):
 # Ours vs DeepSparse 1.8.0 on the same shapes and masks, in one run: `make bench-peers ARGS=--quick`.
 bench-peers: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/python benchmarks/peers.py --peer-python $(PEERS_BIN)/python $(ARGS)
+
+# Whole compiled models pass by pass vs dense and Torch-Pruning 1.6.1 (a benchmark-only extra, installed here):
+# `make bench-whole-model ARGS="--only channel"`.
+bench-whole-model: $(STAMP)
+	$(BIN)/pip install --quiet -c constraints.txt -e ".[bench]"
+	$(BIN)/python benchmarks/whole_model.py $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
