@@ -14,9 +14,10 @@ Cases (`--only` picks some by name prefix):
            Exactness: compiled vs the model masked with the pruner's table.
   bert     12-layer BERT-base encoder in plain PyTorch (eager matmul/softmax attention),
            batch 8 x 128, 90% unstructured on every Linear, fp32 and w8a8 (8-bit weights and
-           inputs): x dense fp32, share of time outside the linear kernels and outside
-           linear kernels + attention (kernels: the sum of their measured times in the
-           compile report; attention: its nodes timed in place).
+           inputs), each also without the graph and epilogue passes (what compile did before
+           them): x dense fp32, share of time outside the weight ops (sparse kernels and
+           shrunk dense linears, epilogues included) and outside weight ops + attention
+           (every node timed in place, `time_split`).
   heads    the same encoder with 50% of its attention heads pruned (whole heads, by the L2
            norm of each head's Q/K/V rows and O columns) + 90% unstructured FFN: compiled
            with every pass and without `shrink`.
@@ -165,16 +166,19 @@ def channel_case(name: str, batch: int, runs: int) -> None:
     se.apply_table(work, usable)
     _, _, reports = run_passes(rewritten(graph, work), usable, keep_graphs=True)
     cm = quiet_compile(graph, result)
-    fns = [lambda: model(*x)]
+    before = quiet_compile(graph, result, passes=("fuse_int8_pairs",), guard=False)  # what compile did before passes
+    fns = [lambda: model(*x), lambda: before(*x)]
     if tp_model is not None:
         tp_cl = copy.deepcopy(tp_model).to(memory_format=torch.channels_last)
         fns += [lambda: tp_model(*x), lambda: tp_cl(*x_cl)]
     fns += [lambda m=r.graph.module: m(*x) for r in reports] + [lambda: cm(*x)]
     ms = alternating(fns, runs)
-    dense_ms, ours_ms, passes_ms = ms[0], ms[-1], ms[-1 - len(reports):-1]
+    dense_ms, before_ms, ours_ms, passes_ms = ms[0], ms[1], ms[-1], ms[-1 - len(reports):-1]
+    ms = ms[:1] + ms[2:]
     with torch.no_grad():
         err = rel_err(cm(*x), masked(*x))
     add_row(case, "dense (as given, NCHW)", dense_ms, dense_ms, MACs=macs(model, x))
+    add_row(case, "compiled, no passes (as before)", before_ms, dense_ms)
     versus = {}
     if tp_model is not None:
         add_row(case, "Torch-Pruning (NCHW)", ms[1], dense_ms, MACs=macs(tp_model, x))
@@ -188,49 +192,61 @@ def channel_case(name: str, batch: int, runs: int) -> None:
 
 # ---- transformers -------------------------------------------------------------------------------------------
 
-def _attention_ms(cm: nn.Module, graph, runs: int) -> float:
-    """Time spent in the compiled model's attention nodes (SDPA, or matmul / softmax where kept), timed in place."""
+def time_split(cm: nn.Module, graph, runs: int) -> tuple[float, float, float]:
+    """(weight ops, attention, everything) ms of the compiled model, each node timed in place.
+
+    Weight ops: every conv / linear / compiled kernel module, with its fused epilogue (pruned to
+    sparse kernels or shrunk to smaller dense ones alike). Attention: SDPA, or the matmuls and
+    softmax where they stayed. The rest (LayerNorm, adds, reshapes, the interpreter's
+    calls) is what the graph passes can still remove.
+    """
+    from sparta_explore.compile.epilogue import Epilogue
+    from sparta_explore.kernels.compiled_op import CompiledOp
+
     names = ("scaled_dot_product_attention", "matmul", "softmax", "bmm")
+    weights = (nn.Linear, nn.Conv2d, CompiledOp, Epilogue)
+    gm = cm.module
 
     class Timer(fx.Interpreter):
-        def __init__(self, gm: fx.GraphModule) -> None:
+        def __init__(self) -> None:
             super().__init__(gm)
-            self.ms = 0.0
+            self.ms = [0.0, 0.0, 0.0]
 
         def run_node(self, n: fx.Node):
             t0 = time.perf_counter()
             out = super().run_node(n)
+            ms = (time.perf_counter() - t0) * 1e3
             target = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
-            if n.op in ("call_function", "call_method") and target in names:
-                self.ms += (time.perf_counter() - t0) * 1e3
+            if n.op == "call_module" and isinstance(gm.get_submodule(n.target), weights):
+                self.ms[0] += ms
+            elif n.op in ("call_function", "call_method") and target in names:
+                self.ms[1] += ms
+            self.ms[2] += ms
             return out
 
-    timer = Timer(cm.module)
+    timer = Timer()
     with torch.inference_mode():
         timer.run(*graph.example_inputs)
-        timer.ms = 0.0
+        timer.ms = [0.0, 0.0, 0.0]
         for _ in range(runs):
             timer.run(*graph.example_inputs)
-    return timer.ms / runs
-
-
-def kernel_ms(cm) -> float:
-    """The sum of the chosen kernels' measured times (compile's own timing of each op on its input)."""
-    report = cm.report
-    return float(report.meas_ms.fillna(0).sum()) if len(report) else 0.0
+    return tuple(t / runs for t in timer.ms)
 
 
 def transformer_row(case: str, what: str, model: nn.Module, graph, table, runs: int, reference: nn.Module,
                     **options) -> None:
+    """One compiled row; `options` are `CompileConfig` fields (its timing rounds: `compile_runs`)."""
+    if "compile_runs" in options:
+        options["runs"] = options.pop("compile_runs")
     cm = quiet_compile(graph, table, **options)
     dense_ms, ours_ms = alternating([lambda: graph.run(model), lambda: graph.run(cm)], runs)
     with torch.no_grad():
         err = rel_err(se.compile.verify.tensor_leaves(graph.run(cm))[0],
                       se.compile.verify.tensor_leaves(graph.run(reference))[0])
-    kernels = kernel_ms(cm)
-    attention = _attention_ms(cm, graph, 3)
-    add_row(case, what, ours_ms, dense_ms, outside_kernels=1 - kernels / ours_ms,
-            outside_kernels_attention=1 - (kernels + attention) / ours_ms, err=err, compile_s=cm.seconds)
+    weights, attention, total = time_split(cm, graph, 3)
+    add_row(case, what, ours_ms, dense_ms, outside_weight_ops=1 - weights / total,
+            outside_weight_ops_attention=1 - (weights + attention) / total, err=err,
+            runs=cm.guard["runs"] if cm.guard else "-", compile_s=cm.seconds)
 
 
 def bert_tables(model: nn.Module, graph, heads: bool):
@@ -259,39 +275,42 @@ def bert_tables(model: nn.Module, graph, heads: bool):
     return table
 
 
+def encoder_case(layers: int, heads: bool):
+    """The plain-PyTorch BERT-base encoder (seeded), its graph on 8 x 128 tokens, its table and propagation."""
+    from sparta_explore.zoo.bert import BertConfig, BertEncoder
+
+    torch.manual_seed(0)
+    model = BertEncoder(BertConfig(layers=layers)).eval()
+    graph = se.capture(model, (torch.randn(8, 128, 768),))
+    table = bert_tables(model, graph, heads=heads)
+    return model, graph, table, se.run_propagation(graph, table)
+
+
 def bert_case(runs: int, layers: int) -> None:
     from sparta_explore.quantizers import quantize
     from sparta_explore.quantizers.uniform import UniformQuantConfig
-    from sparta_explore.zoo.bert import BertConfig, BertEncoder
 
-    torch.manual_seed(0)
-    model = BertEncoder(BertConfig(layers=layers)).eval()
-    x = (torch.randn(8, 128, 768),)
-    graph = se.capture(model, x)
-    table = bert_tables(model, graph, heads=False)
-    result = se.run_propagation(graph, table)
+    model, graph, table, result = encoder_case(layers, heads=False)
     case = f"bert-base x{layers} 90% unstr b8x128"
-    transformer_row(case, "fp32 compiled", model, graph, result, runs, se.masked_copy(model, table), runs=3)
+    reference = se.masked_copy(model, table)
+    transformer_row(case, "fp32 compiled", model, graph, result, runs, reference, compile_runs=3)
+    transformer_row(case, "fp32 compiled, no passes (as before)", model, graph, result, runs, reference,
+                    compile_runs=3, passes=("fuse_int8_pairs",))
     q = quantize(model, UniformQuantConfig(weight_bits=8, activation_bits=8, activation_fmt="int",
                                            op_types=("Linear",)), "uniform", graph=graph)
     w8 = se.run_propagation(graph, table.merge(q))
-    transformer_row(case, "w8a8 compiled", model, graph, w8, runs, se.masked_copy(model, table), runs=3)
+    transformer_row(case, "w8a8 compiled", model, graph, w8, runs, reference, compile_runs=3)
+    transformer_row(case, "w8a8 compiled, no passes (as before)", model, graph, w8, runs, reference,
+                    compile_runs=3, passes=("fuse_int8_pairs",))
 
 
 def heads_case(runs: int, layers: int) -> None:
-    from sparta_explore.zoo.bert import BertConfig, BertEncoder
-
-    torch.manual_seed(0)
-    model = BertEncoder(BertConfig(layers=layers)).eval()
-    x = (torch.randn(8, 128, 768),)
-    graph = se.capture(model, x)
-    table = bert_tables(model, graph, heads=True)
-    result = se.run_propagation(graph, table)
+    model, graph, table, result = encoder_case(layers, heads=True)
     case = f"bert-base x{layers} heads50%+ffn90%"
     reference = se.masked_copy(model, table)
-    transformer_row(case, "fp32 compiled, every pass", model, graph, result, runs, reference, runs=3)
+    transformer_row(case, "fp32 compiled, every pass", model, graph, result, runs, reference, compile_runs=3)
     without = tuple(n for n in graph_pass_names() if n != "shrink") + ("fuse_int8_pairs", "fuse_epilogue")
-    transformer_row(case, "fp32 compiled, no shrink", model, graph, result, runs, reference, runs=3,
+    transformer_row(case, "fp32 compiled, no shrink", model, graph, result, runs, reference, compile_runs=3,
                     passes=without)
 
 
@@ -313,7 +332,10 @@ def hf_case(runs: int) -> None:
         names = tuple(n for n, m in model.named_modules() if isinstance(m, nn.Linear))  # every one is the encoder's
         table = prune(model, BlockPruneConfig(0.9, (32, 32), op_names=names), pruner="block", graph=graph)
         result = se.run_propagation(graph, table)
-        transformer_row(case, "fp32 compiled", model, graph, result, runs, se.masked_copy(model, table))
+        reference = se.masked_copy(model, table)
+        transformer_row(case, "fp32 compiled", model, graph, result, runs, reference)
+        transformer_row(case, "fp32 compiled, no passes (as before)", model, graph, result, runs, reference,
+                        passes=("fuse_int8_pairs",))
 
 
 def tiny_case(runs: int) -> None:

@@ -157,10 +157,17 @@ def _step(graph: Graph, gm: fx.GraphModule, cur: fx.Node, user: fx.Node, shape: 
         return ("scale", 1.0 / other if scale else float(other))
     if user.target in _ADD and isinstance(other, fx.Node) and other is not cur and shape is not None:
         info = graph.tensors.get(other.name)
-        if info is not None and info.dtype == torch.float32 and \
-                torch.broadcast_shapes(info.shape, shape) == shape and other not in cur.users:
+        if info is not None and info.dtype == torch.float32 and _fits(info.shape, shape) and other not in cur.users:
             return ("add", other)
     return None
+
+
+def _fits(operand: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """Whether `operand` broadcasts onto `shape` without growing it (so it adds in place)."""
+    try:
+        return tuple(torch.broadcast_shapes(operand, shape)) == tuple(shape)
+    except RuntimeError:
+        return False
 
 
 def fuse_epilogues(graph: Graph, gm: fx.GraphModule, compiled: dict[str, nn.Module]) -> dict[str, int]:

@@ -3,8 +3,9 @@
 After every op has its kernel, a linear compiled to a row-major `Int8SparseLinear` whose only
 reader is another such linear (a BERT FFN: fc1 with its GELU fused, then fc2) is timed
 against `FusedInt8Pair` on the op's recorded input (interleaved, fastest kept, as candidates
-are). Where the pair is faster, the first op's module becomes the pair and the second op's
-node goes; both ops say so in their notes, and so do pairs left apart (with both times).
+are). Where the pair is faster, the second op's module becomes the pair, its node reads the
+first op's input, and the first op's node goes; both ops say so in their notes, and so do
+pairs left apart (with both times).
 
 Example:
     >>> fuse_pairs(gm, planned, compiled, op_inputs, runs=5, cache_dir=None)  # doctest: +SKIP
@@ -69,10 +70,10 @@ def fuse_pairs(gm: fx.GraphModule, planned: list[OpPlan], compiled: dict[str, nn
         if not times["fused"] < times["apart"]:
             first.notes.append(f"fusion with {second.op!r} measured slower ({said}): kept apart")
             continue
-        user = next(iter(node.users))
-        set_module(gm, node.target, fused)
-        user.replace_all_uses_with(node)
-        gm.graph.erase_node(user)
+        user = next(iter(node.users))  # the second op's node stays (it names the pair's output), reading the input
+        set_module(gm, user.target, fused)
+        user.args = node.args
+        gm.graph.erase_node(node)
         compiled[first.op] = fused
         del compiled[second.op]
         first.notes.append(f"fused with {second.op!r}, tile by tile ({said})")

@@ -85,30 +85,33 @@ def _reshape(walk: ShrinkWalk, node: fx.Node) -> None:
     return None
 
 
-@register_shrink_rule("permute", torch.permute)
-def _permute(walk: ShrinkWalk, node: fx.Node) -> None:
-    x = node.args[0]
-    p, rank = walk.present(x), walk.rank(x)
-    if p is None:
-        return None
+def _permuted_axis(node: fx.Node, axis: int, rank: int) -> int | None:
     dims = node.args[1] if len(node.args) == 2 and isinstance(node.args[1], (tuple, list)) else node.args[1:]
     dims = [d % rank for d in (dims or node.kwargs.get("dims", ()))]
-    if len(dims) != rank:
-        return walk.opaque(node)
-    walk.set_present(node, Present(dims.index(p.axis), p.index, p.size, p.origin), layout=True)
-    return None
+    return dims.index(axis) if len(dims) == rank else None
 
 
-@register_shrink_rule("transpose", torch.transpose)
-def _transpose(walk: ShrinkWalk, node: fx.Node) -> None:
+def _transposed_axis(node: fx.Node, axis: int, rank: int) -> int | None:
+    if len(node.args) != 3:
+        return None
+    d0, d1 = node.args[1] % rank, node.args[2] % rank
+    return d1 if axis == d0 else d0 if axis == d1 else axis
+
+
+# permute / transpose move the cut axis: fx target -> where it goes (None: this call cannot be read)
+AXIS_MOVES = {"permute": _permuted_axis, torch.permute: _permuted_axis,
+              "transpose": _transposed_axis, torch.transpose: _transposed_axis}
+
+
+@register_shrink_rule(*AXIS_MOVES)
+def _move_axis(walk: ShrinkWalk, node: fx.Node) -> None:
     x = node.args[0]
     p, rank = walk.present(x), walk.rank(x)
     if p is None:
         return None
-    if len(node.args) != 3:
+    axis = AXIS_MOVES[node.target](node, p.axis, rank)
+    if axis is None:
         return walk.opaque(node)
-    d0, d1 = node.args[1] % rank, node.args[2] % rank
-    axis = d1 if p.axis == d0 else d0 if p.axis == d1 else p.axis
     walk.set_present(node, Present(axis, p.index, p.size, p.origin), layout=True)
     return None
 
