@@ -52,9 +52,9 @@ ELEMENTWISE: dict[object, ZeroCheck] = {}
 for _targets, _check in (
     ((nn.ReLU, F.relu, torch.relu, "relu", nn.ReLU6, F.relu6, nn.GELU, F.gelu, nn.SiLU, F.silu, nn.Hardswish,
       F.hardswish, nn.Tanh, torch.tanh, "tanh", nn.LeakyReLU, F.leaky_relu, nn.ELU, F.elu, nn.Mish, F.mish,
-      torch.abs, "abs", torch.neg, "neg", operator.neg, nn.Dropout, nn.Dropout2d, F.dropout, nn.Identity,
-      "contiguous", "clone", torch.clone), _always),
+      torch.abs, "abs", torch.neg, "neg", operator.neg, nn.Identity, "contiguous", "clone", torch.clone), _always),
     ((nn.Hardtanh, F.hardtanh), _hardtanh),
+    ((nn.Dropout, nn.Dropout1d, nn.Dropout2d, F.dropout), _always),  # zero stays zero, even when it draws
     ((torch.clamp, "clamp", "clamp_", torch.clip, "clip"), _clamp),
     ((nn.Sigmoid, torch.sigmoid, "sigmoid", F.sigmoid, nn.Hardsigmoid, F.hardsigmoid, torch.exp, "exp",
       nn.Softplus, F.softplus, torch.cos, "cos"), _never),
@@ -101,6 +101,26 @@ def is_pool(key: object) -> bool:
 def scalar(value: object) -> bool:
     """Whether `value` is a Python number (a scalar operand)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+DROPOUTS: tuple[object, ...] = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, F.dropout)
+
+
+def draws_random(module: nn.Module | None, key: object, args: tuple, kwargs: dict) -> bool:
+    """Whether the op draws random numbers on this call (a dropout that is not the identity)."""
+    if key not in DROPOUTS:
+        return False
+    if module is not None:
+        return module.training and module.p > 0
+    p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+    training = args[2] if len(args) > 2 else kwargs.get("training", True)
+    return bool(training) and p != 0
+
+
+def eval_norm(module: nn.Module | None) -> bool:
+    """A BatchNorm that normalizes with its running statistics (a per-channel affine map, the same for every batch)."""
+    return isinstance(module, NORMS) and not module.training and module.track_running_stats \
+        and module.running_mean is not None
 
 
 def depthwise(module: nn.Module) -> bool:

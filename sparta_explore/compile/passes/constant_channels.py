@@ -36,9 +36,10 @@ from sparta_explore.compile.passes.base import PassOptions, PassResult, Table, r
 from sparta_explore.compile.passes.channel_ops import (
     ADDS,
     MULS,
-    NORMS,
     depthwise,
+    draws_random,
     elementwise_zero_preserving,
+    eval_norm,
     is_pool,
     mixer,
     op_key,
@@ -130,9 +131,9 @@ def _independence(graph: Graph, gm: fx.GraphModule) -> tuple[dict, list[tuple[fx
         elif module is not None and depthwise(module) and isinstance(src, Independent) and src.axis == 1:
             mult = module.out_channels // module.in_channels
             states[node.name] = Independent(1, src.mask.repeat_interleave(mult))
-        elif isinstance(src, Independent) and (
+        elif isinstance(src, Independent) and not draws_random(module, key, tuple(node.args), node.kwargs) and (
                 elementwise_zero_preserving(module, key, tuple(node.args)) is not None or is_pool(key)
-                or isinstance(module, NORMS)):
+                or eval_norm(module)):
             states[node.name] = src
         elif key in ADDS or key in MULS:
             state = _binary(states, graph, node)

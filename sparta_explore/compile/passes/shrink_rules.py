@@ -28,6 +28,7 @@ from sparta_explore.compile.passes.channel_ops import (
     POOLS,
     depthwise,
     elementwise_zero_preserving,
+    eval_norm,
     lookup,
     op_key,
     scalar,
@@ -152,7 +153,7 @@ def _norm(walk: ShrinkWalk, node: fx.Node) -> None:
     module, p = _module(walk, node), walk.present(node.args[0])
     if p is None:
         return None
-    if p.axis != 1 or module.training or module.running_mean is None or not walk.kept_within(node, p):
+    if p.axis != 1 or not eval_norm(module) or not walk.kept_within(node, p):
         return walk.opaque(node)
     new = clone_module(module)
     for name in ("weight", "bias"):

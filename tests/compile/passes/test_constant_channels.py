@@ -71,3 +71,12 @@ def test_a_channel_is_never_folded_for_looking_constant():
     graph, table = masked_graph(model, {}, x)
     result = constant_channels(graph, table, PassOptions())
     assert result.changes["channels folded"] == 0
+
+
+def test_batch_statistics_make_a_channel_depend_on_the_batch():
+    # a BatchNorm without running statistics normalizes each batch by itself: its constant input is not constant out
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4, track_running_stats=False), nn.Conv2d(4, 2, 1)).eval()
+    x = (torch.randn(2, 3, 5, 5),)
+    graph, table = masked_graph(model, rows_pruned(model, {"0": [1]}), x)
+    result = constant_channels(graph, table, PassOptions())
+    assert result.changes["channels folded"] == 0
