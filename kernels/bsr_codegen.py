@@ -290,8 +290,8 @@ def finish_tile(act: str, before_unpack: str = "") -> str:
 {before_unpack}            if (Y) unpack_tile(yb, Y, m0, mt, C_N0[c0], C_N1[c1 - 1]);  /* NULL: fused, yb is read */"""
 
 
-_WIDE_NAMES = {"vf": "wf", "vi": "wi", "vsel": "wsel", "vexp_neg": "wexp_neg", "vgelu": "wgelu", "LD": "WLD",
-               "ST": "WST"}
+_WIDE_NAMES = {"vf": "wf", "vi": "wi", "vsel": "wsel", "vexp_neg": "wexp_neg", "vgelu": "wgelu", "vsilu": "wsilu",
+               "LD": "WLD", "ST": "WST"}
 
 
 def widen(c: str) -> str:

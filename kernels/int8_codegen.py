@@ -158,7 +158,7 @@ STEP_COST = 4.0
 # Activations the 16-lane VNNI kernels apply in a separate pass of 16-float vectors instead of in
 # each 8-float store: exact GELU in the stores cost 8.2 ms at 768->3072, M = 4096 (the fp32
 # kernel's 16-float GELU: 2.5-3.5 ms); ReLU is one compare either way.
-WIDE_ACTIVATIONS = frozenset({"gelu"})
+WIDE_ACTIVATIONS = frozenset({"gelu", "silu"})  # exp-heavy: worth a 16-float pass
 
 
 def tile_rows_for(variant: str, dot: DotMode | None) -> int:

@@ -8,7 +8,7 @@ Example:
     >>> ACTIVATIONS["relu"].torch_fn(torch.tensor([-1.0, 2.0])).tolist()
     [0.0, 2.0]
     >>> sorted(ACTIVATIONS)
-    ['gelu', 'none', 'relu']
+    ['gelu', 'none', 'relu', 'relu6', 'silu']
 """
 
 from __future__ import annotations
@@ -57,3 +57,7 @@ register_activation(Activation("relu", "v = vsel(v > zero, v, zero);", F.relu, (
 # kernels/templates/vector_prelude.c); only approximate="none" GELU modules are fused (the planner checks)
 register_activation(Activation("gelu", "v = vgelu(v);", F.gelu,
                                (nn.GELU, F.gelu)))
+register_activation(Activation("relu6", "v = vsel(v > zero, v, zero); v = vsel(v < zero + 6.0f, v, zero + 6.0f);",
+                               F.relu6, (nn.ReLU6, F.relu6)))
+# x sigmoid(x) with exp(-|x|) from the prelude's vexp_neg (vsilu in kernels/templates/vector_prelude.c)
+register_activation(Activation("silu", "v = vsilu(v);", F.silu, (nn.SiLU, F.silu)))

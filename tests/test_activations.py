@@ -26,3 +26,9 @@ def test_torch_functions_compute_the_named_op():
 def test_duplicate_registration_is_refused():
     with pytest.raises(ValueError, match="relu"):
         register_activation(Activation("relu", "", ACTIVATIONS["none"].torch_fn))
+
+
+def test_relu6_and_silu_compute_the_named_op():
+    x = torch.linspace(-90, 90, 181)
+    assert torch.equal(ACTIVATIONS["relu6"].torch_fn(x), x.clamp(0, 6))
+    assert torch.allclose(ACTIVATIONS["silu"].torch_fn(x), x * torch.sigmoid(x))

@@ -25,6 +25,15 @@ static inline vf vexp_neg(vf y) {
     return p * (vf)((n + 127) << 23);
 }
 
+static inline vf vsilu(vf x) {
+    /* x * sigmoid(x) from e = exp(-|x|) <= 1 (never overflows): sigmoid = 1 / (1 + e) for x >= 0,
+       e / (1 + e) below; exp(-|x|) < e^-80 reads as e^-80, off by < 1e-34 */
+    const vf zero = x - x, one = zero + 1.0f;
+    const vf e = vexp_neg((vf)((vi)x | INT32_MIN));  /* -|x|: the sign bit set */
+    const vf s = one / (one + e);
+    return x * vsel(x < zero, e * s, s);
+}
+
 static inline vf vgelu(vf x) {
     /* exact-erf GELU, x * Phi(x): Phi(-|x|) = 0.5 erfc(|x| / sqrt 2) by Abramowitz-Stegun 7.1.26
        (|err| < 1.5e-7), then Phi(x) = 1 - Phi(-x) for x >= 0; no sign multiplies (1.6x fewer

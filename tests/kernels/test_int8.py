@@ -22,14 +22,14 @@ def test_int8_patterns_match_quantized_reference(tmp_path, block, shape, density
         check(layer, m, k)
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "relu6", "silu"])
 def test_int8_fused_activation_and_accuracy(tmp_path, activation):
     w, b = torch.randn(64, 48), torch.randn(64)
     kept = block_mask(64, 48, (8, 8), 0.5)
     layer = Int8SparseLinear(w, b, kept, block_rows=8, activation=activation, cache_dir=tmp_path)
     x = torch.randn(20, 48)
     check(layer, 20, 48)
-    fp32 = {"relu": F.relu, "gelu": F.gelu}[activation](F.linear(x, w * kept, b))
+    fp32 = {"relu": F.relu, "gelu": F.gelu, "relu6": F.relu6, "silu": F.silu}[activation](F.linear(x, w * kept, b))
     # int8 error against fp32: a few quantization steps, far below the signal
     assert float((layer(x) - fp32).abs().max()) < 0.05 * float(fp32.abs().max())
 

@@ -46,7 +46,7 @@ def test_empty_block_rows_and_no_bias(tmp_path):
     check(layer, 7, 64)
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "relu6", "silu"])
 def test_fused_activations(tmp_path, activation):
     layer = SparseLinear(torch.randn(40, 24), torch.randn(40), block_mask(40, 24, (4, 4), 0.4), block_rows=4,
                          activation=activation, cache_dir=tmp_path)
@@ -135,3 +135,15 @@ def test_kernels_survive_deepcopy_and_torch_save(tmp_path):
         buf.seek(0)
         loaded = torch.load(buf, weights_only=False)
         assert loaded._fn is not None and torch.equal(loaded(x), layer(x))
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu", "relu6"])
+def test_fused_activations_hold_at_large_magnitudes(tmp_path, activation):
+    # the exp-based activations clamp exp's argument at -80: no overflow, no denormal, no NaN at the tails
+    layer = SparseLinear(torch.eye(16), None, torch.eye(16, dtype=torch.bool), block_rows=1, activation=activation,
+                         cache_dir=tmp_path)
+    x = torch.linspace(-200, 200, 16 * 9).reshape(9, 16)
+    want = {"silu": F.silu, "gelu": F.gelu, "relu6": F.relu6}[activation](x)
+    got = layer(x)
+    assert torch.isfinite(got).all()
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)

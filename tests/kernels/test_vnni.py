@@ -70,7 +70,7 @@ def test_small_m_keeps_narrow_tiles_on_scattered_patterns(tmp_path, monkeypatch,
 
 @needs_avx2
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("act", ["relu", "gelu"])
+@pytest.mark.parametrize("act", ["relu", "gelu", "silu"])
 @pytest.mark.parametrize("weight_bits,act_bits", [(8, 8), (4, 8), (8, 4)])
 def test_emulated_vnni_with_activations_and_narrow_grids(tmp_path, mode, act, weight_bits, act_bits):
     n, k = 64, 96
