@@ -5,8 +5,8 @@ output on every call, which on small, shrunk CNNs can cost more than the product
 24 -> 144 1x1 conv over 8 x 16 x 16: 0.99 ms NCHW, 0.10 ms NHWC on one Zen 5). Residual adds
 and other ops may not gain as much, so this is a whole-model choice, measured: a copy of
 the graph takes its 4-D inputs to channels-last once at the entry and stores its conv
-weights channels-last; both are timed alternately on the example inputs and the faster
-stays. A model whose convs are still sparse inside their kept rows and columns (unstructured
+weights and 4-D constants (constant channels' maps) channels-last; both are timed
+alternately on the example inputs and the faster stays. A model whose convs are still sparse inside their kept rows and columns (unstructured
 or block pruning, not channel pruning) stays NCHW without timing: the pattern-specialized
 conv kernels read NCHW, and they are that model's speed. It runs last among the graph
 passes, so kernel choice then times every candidate on the inputs it will really get.
@@ -35,6 +35,12 @@ def _channels_last_conv(module: nn.Conv2d) -> nn.Module:
     out = clone_module(module)
     out.weight = nn.Parameter(module.weight.detach().contiguous(memory_format=CL), requires_grad=False)
     return out
+
+
+def _attr(gm: nn.Module, target: str) -> object:
+    for part in target.split("."):
+        gm = getattr(gm, part)
+    return gm
 
 
 def _sparse_inside(tesa: TeSA | None) -> bool:
@@ -67,6 +73,12 @@ def memory_format(graph: Graph, table: Table, options: PassOptions) -> PassResul
                                                  f"and columns ({sparse[0]}, ...), for the NCHW sparse kernels",))
     for node in convs:
         set_module(gm, node.target, _channels_last_conv(gm.get_submodule(node.target)))
+    for i, node in enumerate(n for n in gm.graph.nodes if n.op == "get_attr"):
+        value = _attr(gm, node.target)  # 4-D constants (bias maps): an NCHW one added to NHWC outputs is 20x slower
+        if isinstance(value, torch.Tensor) and value.dim() == 4 and value.is_floating_point():
+            name = f"_nhwc_{i}"
+            gm.register_buffer(name, value.contiguous(memory_format=CL))
+            node.target = name
     for node in inputs:
         with gm.graph.inserting_after(node):
             nhwc = gm.graph.call_method("contiguous", (node,), {"memory_format": CL})
