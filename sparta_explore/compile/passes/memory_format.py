@@ -6,10 +6,11 @@ output on every call, which on small, shrunk CNNs can cost more than the product
 and other ops may not gain as much, so this is a whole-model choice, measured: a copy of
 the graph takes its 4-D inputs to channels-last once at the entry and stores its conv
 weights and 4-D constants (constant channels' maps) channels-last; both are timed
-alternately on the example inputs and the faster stays. A model whose convs are still sparse inside their kept rows and columns (unstructured
-or block pruning, not channel pruning) stays NCHW without timing: the pattern-specialized
-conv kernels read NCHW, and they are that model's speed. It runs last among the graph
-passes, so kernel choice then times every candidate on the inputs it will really get.
+alternately on the example inputs and the faster stays. A model whose convs are still
+sparse inside their kept rows and columns (unstructured or block pruning, not channel
+pruning) stays NCHW without timing: the pattern-specialized conv kernels read NCHW, and
+they are that model's speed. It runs last among the graph passes, so kernel choice then
+times every candidate on the inputs it will really get.
 
 Example:
     >>> memory_format(graph, table, PassOptions()).summary()   # doctest: +SKIP

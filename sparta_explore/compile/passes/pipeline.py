@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from sparta_explore.compile.passes import (  # noqa: F401  (each registers its pass)
     attention,
+    attention_dims,
     constant_channels,
     fold_batchnorm,
     memory_format,
@@ -41,8 +42,8 @@ declare_kernel_pass("fuse_int8_pairs", "chained int8 linears run tile by tile wh
 declare_kernel_pass("fuse_epilogue", "adds, scales and the activation after an op run in its output stage")
 
 # the run order: graph passes before planning, then the kernel passes compile runs after choosing kernels
-ORDER = ("simplify", "fold_batchnorm", "constant_channels", "shrink", "attention", "memory_format", "fuse_int8_pairs",
-         "fuse_epilogue")
+ORDER = ("simplify", "fold_batchnorm", "constant_channels", "shrink", "attention", "attention_dims", "memory_format",
+         "fuse_int8_pairs", "fuse_epilogue")
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def graph_pass_names(names: Sequence[str] | None = None) -> tuple[str, ...]:
 
     Example:
         >>> graph_pass_names()
-        ('simplify', 'fold_batchnorm', 'constant_channels', 'shrink', 'attention', 'memory_format')
+        ('simplify', 'fold_batchnorm', 'constant_channels', 'shrink', 'attention', 'attention_dims', 'memory_format')
     """
     wanted = set(PASSES) if names is None else set(names)
     return tuple(name for name in ORDER if PASSES[name].phase == "graph" and name in wanted)
