@@ -40,6 +40,7 @@ def test_an_nni_channel_pruned_cnn_compiles_smaller_and_exact(device, cache_dir)
         want = se.masked_copy(model, table)(*x)  # what the user gave: the model masked with the pruner's table
         assert float((cm(*x) - want).abs().max() / (1 + want.abs().max())) < 1e-4
     assert list(cm.passes["pass"]) == ["simplify", "fold_batchnorm", "constant_channels", "shrink", "attention",
+                                       "attention_dims",
                                        "memory_format", "fuse_epilogue"]
     changed = dict(zip(cm.passes["pass"], cm.passes["changed"]))
     assert changed["fold_batchnorm"].startswith("batchnorms folded") and "channels removed" in changed["shrink"]
