@@ -88,3 +88,19 @@ def test_without_passes_the_graph_is_compiled_as_captured(device, cache_dir):
     assert list(cm.passes["pass"]) == []
     with torch.no_grad():
         assert torch.allclose(cm(*x), se.masked_copy(model, table)(*x), atol=1e-5)
+
+
+def test_hooks_on_the_compiled_model_still_run(device, cache_dir):
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    x = torch.randn(4, 8)
+    graph = se.capture(model, x)
+    cm = compile(graph, rows_pruned(model, {"0": [1, 5]}), config=CompileConfig(
+        device=device, cache_dir=cache_dir, tune=False, kernels=DENSE_ONLY, runs=3))
+    seen = []
+    handle = cm.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    with torch.no_grad():
+        y = cm(x)
+    handle.remove()
+    assert seen == [y.shape]  # with a hook the wrapper takes nn.Module's call; without, the fast one
+    with torch.no_grad():
+        assert torch.allclose(cm(x), y) and len(seen) == 1
