@@ -36,6 +36,7 @@ from sparta_explore.compile.passes.channel_ops import (
 from sparta_explore.compile.passes.graph_edit import clone_module, set_module
 from sparta_explore.compile.passes.shrink import Present, ShrinkWalk
 from sparta_explore.compile.passes.shrink_ops import AlignedAdd, SelectChannels
+from sparta_explore.tesa import TeSA
 
 Rule = Callable[[ShrinkWalk, fx.Node], None]
 RULES: dict[object, Rule] = {}
@@ -89,7 +90,7 @@ def _weighted(walk: ShrinkWalk, node: fx.Node) -> None:
     if len(walk.graph.module_nodes(node.target)) != 1 or len(node.args) != 1 or node.kwargs:
         return walk.opaque(node)
     if isinstance(module, nn.Conv2d) and module.groups != 1:
-        return _depthwise(walk, node, module) if depthwise(module) else walk.opaque(node)
+        return _depthwise(walk, node, module) if depthwise(module) else _grouped(walk, node, module)
     x = node.args[0]
     in_rank, out_rank = walk.rank(x), walk.rank(node)
     if in_rank is None or out_rank is None:
@@ -113,6 +114,46 @@ def _weighted(walk: ShrinkWalk, node: fx.Node) -> None:
         size = module.weight.shape[0]
         walk.counts["channels removed"] += size - len(rows)
         walk.set_present(node, Present(out_axis, rows, size, origin=node.name), layout=True)
+    return None
+
+
+def _grouped(walk: ShrinkWalk, node: fx.Node, module: nn.Conv2d) -> None:
+    # a grouped conv stays grouped only if every group it keeps holds as many input channels and keeps as
+    # many output rows as the others (the input's channels come in group order), and a group it drops
+    # holds no input channel; else its input comes back at full width
+    x = node.args[0]
+    p = walk.present(x)
+    rows = walk.kept(node, 1)
+    if (p is None and rows is None) or (p is not None and p.axis != 1):
+        return walk.opaque(node) if p is not None else None
+    g, cin, cout = module.groups, module.in_channels // module.groups, module.out_channels // module.groups
+    ins = p.index if p is not None else torch.arange(module.in_channels)
+    outs = rows if rows is not None else torch.arange(module.out_channels)
+    per_in = [ins[(ins >= i * cin) & (ins < (i + 1) * cin)] - i * cin for i in range(g)]
+    per_out = [outs[(outs >= i * cout) & (outs < (i + 1) * cout)] for i in range(g)]
+    kept = [i for i in range(g) if len(per_out[i])]
+    widths = {len(per_in[i]) for i in kept}
+    heights = {len(per_out[i]) for i in kept}
+    if not kept or len(widths) != 1 or len(heights) != 1 or any(len(per_in[i]) for i in range(g) if i not in kept):
+        return walk.opaque(node)
+    new_rows = torch.cat([per_out[i] for i in kept])
+    w = module.weight.detach()
+    weight = torch.cat([w[per_out[i]][:, per_in[i]] for i in kept])
+    new = clone_module(module)
+    new.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
+    if module.bias is not None:
+        new.bias = nn.Parameter(module.bias.detach().index_select(0, new_rows), requires_grad=False)
+    new.groups, new.in_channels, new.out_channels = len(kept), len(kept) * widths.pop(), len(new_rows)
+    set_module(walk.gm, node.target, new)
+    tesa = walk.table.get(f"{node.target}.weight")
+    if tesa is not None:  # the weight's dim 1 is per group: its TeSA is cut group by group, like the weight
+        cut = lambda t: torch.cat([t[per_out[i]][:, per_in[i]] for i in kept])  # noqa: E731
+        walk.entries[f"{node.target}.weight"] = TeSA(cut(tesa.bits), cut(tesa.fmt))
+    if module.bias is not None:
+        walk.shrunk_weight(f"{node.target}.bias", new_rows, None)
+    walk.counts["ops shrunk"] += 1
+    walk.counts["channels removed"] += module.out_channels - len(new_rows)
+    walk.set_present(node, Present(1, new_rows, module.out_channels))
     return None
 
 

@@ -183,3 +183,20 @@ def test_scales_keep_cut_channels_and_a_cut_divisor_stops_shrinking():
     graph, usable = masked_graph(model, rows_pruned(model, {"b": [1, 6]}), x, propagate=True)
     result = shrink(graph, usable, PassOptions())
     assert_same_outputs(graph, result.graph, x)
+
+
+def test_grouped_convs_shrink_when_their_groups_stay_even():
+    model = randomize_norms(nn.Sequential(nn.Conv2d(3, 8, 1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1, groups=2),
+                                          nn.ReLU(), nn.Conv2d(8, 4, 1)))
+    x = (torch.randn(2, 3, 6, 6),)
+    even = rows_pruned(model, {"0": [1, 5]})  # one input channel of each group: 3 and 3 remain
+    graph, usable = masked_graph(model, even, x)
+    result = shrink(graph, usable, PassOptions())
+    grouped = result.graph.module.get_submodule("2")
+    assert grouped.groups == 2 and grouped.in_channels == 6 and grouped.weight.shape[1] == 3
+    assert_same_outputs(graph, result.graph, x)
+    uneven = rows_pruned(model, {"0": [1, 2, 5]})  # 2 and 3: the groups would differ, the input comes back whole
+    graph, usable = masked_graph(model, uneven, x)
+    result = shrink(graph, usable, PassOptions())
+    assert result.graph.module.get_submodule("2").in_channels == 8
+    assert_same_outputs(graph, result.graph, x)
