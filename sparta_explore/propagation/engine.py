@@ -140,7 +140,7 @@ class _Engine:
         if node.op == "call_method" and node.target in _SHAPE_ONLY_METHODS:
             return True
         return (node.op == "call_function" and node.target in (getattr, operator.getitem) and len(node.args) > 1
-                and node.args[1] in _SHAPE_ONLY_ATTRS)
+                and isinstance(node.args[1], str) and node.args[1] in _SHAPE_ONLY_ATTRS)
 
     def _wire(self) -> None:
         g = self.graph

@@ -54,12 +54,17 @@ def register_shrink_rule(*targets: object) -> Callable[[Rule], Rule]:
 def rule_for(gm: fx.GraphModule, node: fx.Node) -> Rule | None:
     """The rule for `node` (by its module's class, searched up the class's bases, or its target), or None."""
     if node.op == "call_module":
-        for cls in type(gm.get_submodule(node.target)).__mro__:
-            rule = RULES.get(cls)
+        for cls in type(gm.get_submodule(node.target)).__mro__:  # by class, or by qualified name (optional deps)
+            rule = RULES.get(cls) or RULES.get(f"{cls.__module__}.{cls.__qualname__}")
             if rule is not None:
                 return rule
         return None
     return lookup(RULES, node.target)
+
+
+def _in_out(module: nn.Module) -> bool:
+    """Whether the weight is stored (in, out): Hugging Face's Conv1D (GPT-2's linears)."""
+    return not isinstance(module, (nn.Linear, nn.Conv2d))
 
 
 def _module(walk: ShrinkWalk, node: fx.Node) -> nn.Module | None:
@@ -69,21 +74,24 @@ def _module(walk: ShrinkWalk, node: fx.Node) -> nn.Module | None:
 def _sliced(module: nn.Module, rows: torch.Tensor | None, cols: torch.Tensor | None) -> nn.Module:
     out = clone_module(module)
     w = module.weight.detach()
+    out_dim, in_dim = (1, 0) if _in_out(module) else (0, 1)
     if rows is not None:
-        w = w.index_select(0, rows)
+        w = w.index_select(out_dim, rows)
     if cols is not None:
-        w = w.index_select(1, cols)
+        w = w.index_select(in_dim, cols)
     out.weight = nn.Parameter(w.contiguous(), requires_grad=False)
     if module.bias is not None and rows is not None:
         out.bias = nn.Parameter(module.bias.detach().index_select(0, rows), requires_grad=False)
     if isinstance(module, nn.Linear):
         out.out_features, out.in_features = w.shape[0], w.shape[1]
-    else:
+    elif isinstance(module, nn.Conv2d):
         out.out_channels, out.in_channels = w.shape[0], w.shape[1] * module.groups
+    else:
+        out.nf = w.shape[1]
     return out
 
 
-@register_shrink_rule(nn.Linear, nn.Conv2d)
+@register_shrink_rule(nn.Linear, nn.Conv2d, "transformers.pytorch_utils.Conv1D")
 def _weighted(walk: ShrinkWalk, node: fx.Node) -> None:
     # keeps its kept output rows, reads only the channels its input holds: W[rows][:, cols]
     module = _module(walk, node)
@@ -106,12 +114,13 @@ def _weighted(walk: ShrinkWalk, node: fx.Node) -> None:
     if rows is None and cols is None:
         return None
     set_module(walk.gm, node.target, _sliced(module, rows, cols))
-    walk.shrunk_weight(f"{node.target}.weight", rows, cols)
+    stored = (cols, rows) if _in_out(module) else (rows, cols)  # the TeSA is laid out like the weight
+    walk.shrunk_weight(f"{node.target}.weight", *stored)
     if module.bias is not None:
         walk.shrunk_weight(f"{node.target}.bias", rows, None)
     walk.counts["ops shrunk"] += 1
     if rows is not None:
-        size = module.weight.shape[0]
+        size = module.weight.shape[1 if _in_out(module) else 0]
         walk.counts["channels removed"] += size - len(rows)
         walk.set_present(node, Present(out_axis, rows, size, origin=node.name), layout=True)
     return None

@@ -18,9 +18,9 @@ from sparta_explore.compile.table_reference import split_unread
 from sparta_explore.graph import Graph, rewritten
 
 
-def masked_graph(model: nn.Module, table, x: tuple, *, propagate: bool = True) -> tuple[Graph, dict]:
+def masked_graph(model: nn.Module, table, x: tuple, *, propagate: bool = True, **capture) -> tuple[Graph, dict]:
     """(the masked copy of `model`'s graph, the table keyed to it), propagated like compile's input."""
-    graph = se.capture(model, x)
+    graph = se.capture(model, x, **capture)
     if propagate:
         table = se.run_propagation(graph, table).table
     work = copy.deepcopy(graph.module)

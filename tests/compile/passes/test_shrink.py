@@ -200,3 +200,26 @@ def test_grouped_convs_shrink_when_their_groups_stay_even():
     result = shrink(graph, usable, PassOptions())
     assert result.graph.module.get_submodule("2").in_channels == 8
     assert_same_outputs(graph, result.graph, x)
+
+
+def test_hugging_face_conv1d_shrinks_in_its_in_out_layout():
+    from transformers.pytorch_utils import Conv1D
+
+    class MLP(nn.Module):  # GPT-2's: weights stored (in, out)
+        def __init__(self) -> None:
+            super().__init__()
+            self.c_fc, self.c_proj = Conv1D(16, 8), Conv1D(8, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.c_proj(F.gelu(self.c_fc(x)))
+
+    model, x = MLP().eval(), (torch.randn(2, 5, 8),)
+    dead = torch.zeros(16, dtype=torch.bool)
+    dead[[0, 3, 4, 9, 15]] = True
+    table = {"c_fc.weight": se.TeSA.from_mask(~dead[None, :].expand(8, -1)), "c_fc.bias": se.TeSA.from_mask(~dead)}
+    graph, usable = masked_graph(model, table, x, leaf_modules=(Conv1D,))  # as torch.export re-lifts them
+    result = shrink(graph, usable, PassOptions())
+    gm = result.graph.module
+    assert gm.get_submodule("c_fc").weight.shape == (8, 11) and gm.get_submodule("c_fc").nf == 11
+    assert gm.get_submodule("c_proj").weight.shape == (11, 8)
+    assert_same_outputs(graph, result.graph, x)
