@@ -1,7 +1,7 @@
 """Stage modules that can be called like their main function: `se.compile(...)`, `se.measure(...)`.
 
 A package attribute named like a submodule is replaced by the submodule once it is imported,
-so `se.compile` cannot stay a plain function beside `sparta_explore/compile.py`. Instead the
+so `se.compile` cannot stay a plain function beside `sparta_explore/compile/`. Instead the
 module itself becomes callable and forwards to its function of the same name.
 
 Example:
