@@ -29,7 +29,7 @@ from torch import nn
 import sparta_explore as se
 from sparta_explore.compile import compile
 from sparta_explore.compile.config import CompileConfig
-from sparta_explore.explore.timing import interleaved_measure
+from sparta_explore.explore.trial.timing import interleaved_measure
 from sparta_explore.pruners import prune
 from sparta_explore.pruners.block import BlockPruneConfig
 from sparta_explore.quantizers import quantize

@@ -26,7 +26,7 @@ from torch import nn
 import sparta_explore as se
 from sparta_explore.compile import compile
 from sparta_explore.device import DeviceProfile
-from sparta_explore.explore.timing import interleaved_measure
+from sparta_explore.explore.trial.timing import interleaved_measure
 from sparta_explore.measure import count_flops, measure
 from sparta_explore.pruners import prune, prune_dependent_norms
 from sparta_explore.pruners.block import BlockPruneConfig

@@ -18,6 +18,7 @@ from torch import nn
 from sparta_explore import apply_table, capture, masked_copy
 from sparta_explore.pruners import BlockPruneConfig, NMPruneConfig, NNIPruneConfig, prune, pruner_names
 from sparta_explore.quantizers import NNIQuantConfig, UniformQuantConfig, quantize, quantizer_names
+from sparta_explore.workload import load_workload
 from sparta_explore.zoo import TrainConfig, evaluate, load_digits_split, model_names, pretrained, train
 
 parser = argparse.ArgumentParser(description=__doc__)
@@ -50,7 +51,8 @@ for model_name in args.models:
         model, dense_acc = pretrained(model_name, data=data)
         start = time.perf_counter()
         try:
-            table = prune(model, prune_config(pruner, model, args.sparsity), pruner=pruner, evaluator=data,
+            table = prune(model, prune_config(pruner, model, args.sparsity), pruner=pruner,
+                          evaluator=load_workload(model_name),
                           example_inputs=data.test_x[:1])
         except Exception as e:  # the matrix records failures instead of stopping
             rows.append({"model": model_name, "pruner": pruner, "status": f"error: {type(e).__name__}: {e}"[:120]})
@@ -75,7 +77,7 @@ for model_name in args.models:
         config = UniformQuantConfig() if quantizer == "uniform" else NNIQuantConfig(training_steps=20)
         start = time.perf_counter()
         try:
-            table = quantize(model, config, quantizer=quantizer, evaluator=data, graph=graph)
+            table = quantize(model, config, quantizer=quantizer, evaluator=load_workload(model_name), graph=graph)
         except Exception as e:
             rows.append({"model": model_name, "quantizer": quantizer,
                          "status": f"error: {type(e).__name__}: {e}"[:120]})

@@ -3,7 +3,7 @@
 #
 # Per workload and seed, four searches with the same budget and the same random start:
 # our Pareto TPE guided by measured latency, the same guided by FLOPs, and NNI's built-in
-# TPE on a MnasNet-style reward under each cost (`sparta_explore.explore.searches`). Every
+# TPE on a MnasNet-style reward under each cost (`sparta_explore.explore.search.searches`). Every
 # trial is real (prune, fine-tune, compile, measure against dense PyTorch in the same
 # trial) and records both costs; each search sees only its own. The report judges all of
 # them on measured latency (`protocol_judge`): hypervolume, the pick under the target, and
@@ -24,10 +24,10 @@ import time
 import warnings
 from pathlib import Path
 
-from sparta_explore.explore.family_space import FamilySpaceConfig
-from sparta_explore.explore.protocol import ProtocolConfig, default_out, run_protocol
-from sparta_explore.explore.protocol_report import write_protocol_report
-from sparta_explore.explore.searches import SEARCHES
+from sparta_explore.explore.protocol.report import write_protocol_report
+from sparta_explore.explore.protocol.run import ProtocolConfig, default_out, run_protocol
+from sparta_explore.explore.search.family_space import FamilySpaceConfig
+from sparta_explore.explore.search.searches import SEARCHES
 
 DEFAULT_WORKLOADS = ["digits-ffn", "digits-cnn-wide,target=0.5"]
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from sparta_explore.explore.pareto import front_hypervolume, hypervolume, reference_point
-from sparta_explore.explore.report import markdown_table
+from sparta_explore.explore.report.pareto import front_hypervolume, hypervolume, reference_point
+from sparta_explore.explore.report.sweep_report import markdown_table
 from sparta_explore.explore.sweep import load_results
 
 parser = argparse.ArgumentParser(description="latency-guided vs FLOPs-guided NNI experiments")

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from sparta_explore.explore.pareto import front_hypervolume, guided_front, reference_point
-from sparta_explore.explore.plots import plot_results
-from sparta_explore.explore.report import objective_picks, write_report
+from sparta_explore.explore.report.pareto import front_hypervolume, guided_front, reference_point
+from sparta_explore.explore.report.plots import plot_results
+from sparta_explore.explore.report.sweep_report import objective_picks, write_report
 from sparta_explore.explore.sweep import sweep
 
 parser = argparse.ArgumentParser(description="sparsity x pattern x bits sweep on digits-ffn")

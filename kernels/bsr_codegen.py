@@ -74,10 +74,6 @@ class Groups:
     seg_len: np.ndarray   # k count of each segment
     w_off: np.ndarray     # offset of group g's packed weights
 
-    @property
-    def kept_k(self) -> int:
-        return int(self.seg_len.sum())
-
 
 def _segments(kept_cols: np.ndarray) -> list[tuple[int, int]]:
     """Contiguous runs of True in a 1-D bool array, as (start, length)."""

@@ -39,11 +39,11 @@ class _Layer(ctypes.Structure):
                 ("packed_bytes", ctypes.c_long)]
 
 
-def fusable(first: torch.nn.Module, second: torch.nn.Module) -> str | None:
+def why_not_fusable(first: torch.nn.Module, second: torch.nn.Module) -> str | None:
     """Why `first` then `second` cannot run as one `FusedInt8Pair`, or None when they can.
 
     Example:
-        >>> fusable(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+        >>> why_not_fusable(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
         'Linear is not a row-major Int8SparseLinear'
     """
     for op in (first, second):
@@ -70,7 +70,7 @@ class FusedInt8Pair(CompiledOp):
     def __init__(self, first: Int8SparseLinear, second: Int8SparseLinear,
                  cache_dir: str | os.PathLike | None = None) -> None:
         super().__init__()
-        why = fusable(first, second)
+        why = why_not_fusable(first, second)
         if why is not None:
             raise ValueError(f"cannot fuse: {why}")
         self.first, self.second = first, second

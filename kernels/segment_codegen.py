@@ -47,11 +47,6 @@ class SegmentPlan:
     p_len: np.ndarray     # k count of each piece
     e_woff: np.ndarray    # offset of entry e's packed weights
 
-    @property
-    def mean_rows(self) -> float:
-        """Rows per entry: 1 means nothing is shared (the layout then only adds spills)."""
-        return float(self.e_nrows.mean()) if len(self.e_nrows) else 0.0
-
 
 def panel_width(kept: np.ndarray) -> int:
     """64 when every pattern edge falls on a multiple of 64 (1x64, 32x64, 64x64 blocks), else 32.

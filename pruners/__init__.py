@@ -9,7 +9,7 @@ Example:
 from sparta_explore.pruners.block import BlockPruneConfig, block_magnitude_masks
 from sparta_explore.pruners.channels import prune_dependent_norms
 from sparta_explore.pruners.nm import NMPruneConfig, nm_mask, nm_masks
-from sparta_explore.pruners.nni_evaluator import classification_evaluator
+from sparta_explore.pruners.nni_evaluator import workload_evaluator
 from sparta_explore.pruners.nni_pruners import NNIPruneConfig
 from sparta_explore.pruners.registry import (
                                              Masks,
@@ -23,5 +23,5 @@ from sparta_explore.pruners.registry import (
 )
 
 __all__ = ["BlockPruneConfig", "Masks", "PruneRequest", "NMPruneConfig", "NNIPruneConfig", "block_magnitude_masks",
-           "classification_evaluator", "from_nni_masks", "get_pruner", "masks_to_table", "nm_mask", "nm_masks", "prune",
-           "prune_dependent_norms", "pruner_names", "register_pruner"]
+           "from_nni_masks", "get_pruner", "masks_to_table", "nm_mask", "nm_masks", "prune", "prune_dependent_norms",
+           "pruner_names", "register_pruner", "workload_evaluator"]

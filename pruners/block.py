@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from sparta_explore.errors import ConfigError
+from sparta_explore.prunable import PRUNABLE_OP_TYPES
 from sparta_explore.pruners.registry import Masks, PruneRequest, register_pruner
 from sparta_explore.pruners.selection import as_matrix_shape, gemm_weight, select_modules, stored_mask
-from sparta_explore.workload import PRUNABLE_TYPES
 
 
 @dataclass(frozen=True)
@@ -87,9 +87,9 @@ def block_configs(request: PruneRequest, model: nn.Module) -> list[BlockPruneCon
     if request.block is None:
         raise ConfigError("the block pruner needs a block shape (block=None asks for the pruner's default)")
     if request.scope == "global":
-        return [BlockPruneConfig(request.sparsity, request.block, op_types=PRUNABLE_TYPES, op_names=request.layers,
+        return [BlockPruneConfig(request.sparsity, request.block, op_types=PRUNABLE_OP_TYPES, op_names=request.layers,
                                  scope="global")]
-    return [BlockPruneConfig(s, request.block, op_types=PRUNABLE_TYPES, op_names=layers)
+    return [BlockPruneConfig(s, request.block, op_types=PRUNABLE_OP_TYPES, op_names=layers)
             for s, layers in request.groups()]
 
 

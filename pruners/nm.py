@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from sparta_explore.errors import ConfigError
+from sparta_explore.prunable import PRUNABLE_OP_TYPES
 from sparta_explore.pruners.registry import Masks, PruneRequest, register_pruner
 from sparta_explore.pruners.selection import as_matrix_shape, gemm_weight, select_modules, stored_mask
-from sparta_explore.workload import PRUNABLE_TYPES
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def nm_configs(request: PruneRequest, model: nn.Module) -> list[NMPruneConfig]:
             raise ConfigError(f"N:M pruning keeps n of every m={m} weights: sparsity {sparsity} gives n={n:g}, "
                               "not a positive integer (block=(1, m) sets m)")
         if round(n) < m:
-            out.append(NMPruneConfig(round(n), m, op_types=PRUNABLE_TYPES, op_names=layers))
+            out.append(NMPruneConfig(round(n), m, op_types=PRUNABLE_OP_TYPES, op_names=layers))
     return out
 
 

@@ -1,9 +1,12 @@
-"""NNI `TorchEvaluator`s built from a `Workload` (its batches, loss and metric) or a classification `DataSplit`.
+"""NNI `TorchEvaluator`s built from a workload (any `Task`: its batches, loss and metric).
 
 NNI's training-aware pruners and all its quantizers train through an evaluator. NNI
 calls `training_func(model, optimizer, training_step, lr_schedulers, max_steps, max_epochs)`
 with its own wrapped model and a re-created optimizer; the function must stop at
 `max_steps`, or NNI silently returns masks computed from too few steps.
+
+Example:
+    >>> ev = resolve_evaluator(model, load_workload("digits-cnn"))  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -16,14 +19,12 @@ from typing import Any
 
 import nni
 import torch
-import torch.nn.functional as F
 from nni.compression import TorchEvaluator
+from nni.compression.utils.evaluator import Evaluator
 from torch import nn
 
 from sparta_explore.errors import ConfigError
-from sparta_explore.workload import Workload
-from sparta_explore.zoo.data import DataSplit
-from sparta_explore.zoo.training import evaluate
+from sparta_explore.task import Task
 
 
 @contextlib.contextmanager
@@ -77,35 +78,7 @@ def _torch_evaluator(model: nn.Module, epoch: Callable[[], Iterable[Any]], loss:
     return TorchEvaluator(training_func, optimizer, training_step, evaluating_func=evaluating_func)
 
 
-def classification_evaluator(model: nn.Module, data: DataSplit, *, batch_size: int = 64, lr: float = 1e-3,
-                             seed: int = 0, eval_split: str = "test") -> TorchEvaluator:
-    """A TorchEvaluator that fine-tunes `model` with Adam on `data.train_*` (cross-entropy)
-    and reports accuracy on `eval_split` from `evaluating_func`. PtqQuantizer calibrates
-    through `evaluating_func`, so it gets ``eval_split="train"`` (no test data in calibration).
-
-    Example:
-        >>> ev = classification_evaluator(model, load_digits_split())  # doctest: +SKIP
-        >>> TaylorPruner(model, config_list, ev, training_steps=20)    # doctest: +SKIP
-    """
-    if eval_split not in ("train", "test"):
-        raise ValueError(f"eval_split must be 'train' or 'test', got {eval_split!r}")
-    g = torch.Generator().manual_seed(seed)
-
-    def epoch() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        order = torch.randperm(len(data.train_x), generator=g)
-        for i in range(0, len(order), batch_size):
-            idx = order[i:i + batch_size]
-            yield data.train_x[idx], data.train_y[idx]
-
-    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        return F.cross_entropy(model(batch[0]), batch[1])
-
-    eval_x, eval_y = (data.train_x, data.train_y) if eval_split == "train" else (data.test_x, data.test_y)
-    return _torch_evaluator(model, epoch, loss, lambda m: evaluate(m, eval_x, eval_y),
-                            -(-len(data.train_x) // batch_size), lr)
-
-
-def workload_evaluator(model: nn.Module, workload: Workload, *, lr: float = 1e-3,
+def workload_evaluator(model: nn.Module, workload: Task, *, lr: float = 1e-3,
                        eval_split: str = "test") -> TorchEvaluator:
     """A TorchEvaluator training on the workload's batches and loss, scoring with its metric.
 
@@ -125,9 +98,17 @@ def workload_evaluator(model: nn.Module, workload: Workload, *, lr: float = 1e-3
 
 
 def resolve_evaluator(model: nn.Module, evaluator: Any, eval_split: str = "test") -> Any:
-    """`evaluator` itself, or an NNI evaluator built from a `Workload` or a `DataSplit`."""
-    if isinstance(evaluator, Workload):
+    """`evaluator` itself (an NNI `Evaluator`, or None), or an NNI evaluator built from a workload (a `Task`).
+
+    Anything else is a `ConfigError` here, not an obscure failure inside NNI.
+
+    Example:
+        >>> resolve_evaluator(None, None) is None
+        True
+    """
+    if evaluator is None or isinstance(evaluator, Evaluator):
+        return evaluator
+    if isinstance(evaluator, Task):
         return workload_evaluator(model, evaluator, eval_split=eval_split)
-    if isinstance(evaluator, DataSplit):
-        return classification_evaluator(model, evaluator, eval_split=eval_split)
-    return evaluator
+    raise ConfigError(f"evaluator must be an NNI Evaluator or a workload that can train (train_batches, loss, "
+                      f"evaluate), got {type(evaluator).__name__}")

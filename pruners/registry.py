@@ -98,7 +98,7 @@ class CompressorEntry:
         """Check the evaluator and coerce `config`; returns the config the function takes."""
         if self.needs_evaluator and evaluator is None:
             raise ConfigError(f"{self.name!r} trains or calibrates and needs an evaluator "
-                              "(an NNI Evaluator, a Workload that can train, or a DataSplit)")
+                              "(an NNI Evaluator, or a workload that can train)")
         if isinstance(config, list):
             if not self.accepts_config_list:
                 raise ConfigError(f"{self.name!r} takes a {getattr(self.config_type, '__name__', 'config')}, "

@@ -2,8 +2,8 @@
 
 Example:
     >>> from sparta_explore.quantizers import quantize, NNIQuantConfig
-    >>> q = quantize(model, NNIQuantConfig(), "qat", evaluator=data, example_inputs=x)  # doctest: +SKIP
-    >>> table = prune_table.merge(q)                                                 # doctest: +SKIP
+    >>> q = quantize(model, NNIQuantConfig(), "qat", evaluator=workload, example_inputs=x)  # doctest: +SKIP
+    >>> table = prune_table.merge(q)                                                     # doctest: +SKIP
 """
 
 from sparta_explore.quantizers.calibrate import CalibrationResult, calibrate, calibrate_bits

@@ -1,4 +1,8 @@
-"""Calibration on a classification `DataSplit`: calibration batch, accuracy data and a held-out set, all disjoint.
+"""Calibration on a workload, or on a labelled split: calibration batch, accuracy data and a held-out set, disjoint.
+
+`calibrate_workload` is what exploration runs: the workload (any `Task`) says what to
+calibrate on and what to steer by. The rest studies calibration on labelled data: any
+`LabelledSplit` (``train_x``, ``train_y``, ``test_x``, ``test_y``, e.g. the zoo's digits).
 
 The calibration batch always comes from the train split. The accuracy `calibrate` steers
 by comes from one of two places (`val_source`):
@@ -19,7 +23,7 @@ sample means), so ``held-out drop <= threshold + margin`` holds with high probab
 Example:
     >>> cd = calibration_data(load_digits_split(), val_source="test")   # doctest: +SKIP
     >>> r = calibrate_on_split(model, None, cd)                        # doctest: +SKIP
-    >>> evaluate(r.model, cd.held_x, cd.held_y)                        # doctest: +SKIP
+    >>> accuracy_on(cd.held_x, cd.held_y)(r.model)                     # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -27,19 +31,28 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from sparta_explore.errors import ConfigError
 from sparta_explore.graph import Graph
+from sparta_explore.metrics import top1_accuracy
 from sparta_explore.quantizers.calibrate import CalibrationResult, EvalFn, calibrate
 from sparta_explore.quantizers.calibrate_config import CalibrationConfig
+from sparta_explore.task import Task
 from sparta_explore.tesa import TeSA
-from sparta_explore.workload import Workload
-from sparta_explore.zoo.data import DataSplit
-from sparta_explore.zoo.training import evaluate
 
 VAL_SOURCES = ("train", "test")
+
+
+class LabelledSplit(Protocol):
+    """Train and test examples with their labels (the zoo's `DataSplit` is one)."""
+
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
 
 
 def accuracy_on(x: torch.Tensor, y: torch.Tensor, batch_size: int = 512) -> EvalFn:
@@ -51,7 +64,7 @@ def accuracy_on(x: torch.Tensor, y: torch.Tensor, batch_size: int = 512) -> Eval
     """
     if len(x) != len(y) or not len(x):
         raise ConfigError(f"accuracy_on needs as many labels as inputs (and at least one), got {len(x)} and {len(y)}")
-    return lambda model: evaluate(model, x, y, batch_size=batch_size)
+    return lambda model: top1_accuracy(model, x, y, batch_size=batch_size)
 
 
 def flip_rate(before: torch.nn.Module, after: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -98,13 +111,14 @@ class CalibrationData:
     val_source: str
 
 
-def calibration_data(data: DataSplit, calib_size: int = 256, val_source: str = "train",
+def calibration_data(data: LabelledSplit, calib_size: int = 256, val_source: str = "train",
                      seed: int = 0) -> CalibrationData:
     """Draw the calibration batch from the train split, and validation / held-out data as `val_source` says.
 
     Example:
-        >>> d = DataSplit(torch.rand(10, 1), torch.zeros(10, dtype=torch.long), torch.rand(4, 1),
-        ...               torch.zeros(4, dtype=torch.long), 2, "toy")
+        >>> from types import SimpleNamespace
+        >>> d = SimpleNamespace(train_x=torch.rand(10, 1), train_y=torch.zeros(10, dtype=torch.long),
+        ...                     test_x=torch.rand(4, 1), test_y=torch.zeros(4, dtype=torch.long))
         >>> cd = calibration_data(d, calib_size=4, val_source="test")
         >>> len(cd.calib_x), len(cd.val_x), len(cd.held_x)
         (4, 2, 2)
@@ -128,22 +142,22 @@ def calibration_data(data: DataSplit, calib_size: int = 256, val_source: str = "
                            data.test_y[held], val_source)
 
 
-def calibrate_on_split(model: torch.nn.Module, table: Mapping[str, TeSA] | None, data: DataSplit | CalibrationData,
-                       config: CalibrationConfig = CalibrationConfig(), *,
+def calibrate_on_split(model: torch.nn.Module, table: Mapping[str, TeSA] | None,
+                       data: LabelledSplit | CalibrationData, config: CalibrationConfig = CalibrationConfig(), *,
                        graph: Graph | None = None) -> CalibrationResult:
-    """`calibrate` on `data` (a `CalibrationData`, or a `DataSplit` drawn with `calibration_data` defaults).
+    """`calibrate` on `data` (a `CalibrationData`, or a `LabelledSplit` drawn with `calibration_data` defaults).
 
-    Check the result on ``data.held_x`` / ``data.held_y`` (the whole test split for a `DataSplit`).
+    Check the result on ``data.held_x`` / ``data.held_y`` (the whole test split for a `LabelledSplit`).
 
     Example:
         >>> r = calibrate_on_split(model, prune_table, load_digits_split())  # doctest: +SKIP
         >>> r.assignment()  # doctest: +SKIP
     """
-    cd = calibration_data(data) if isinstance(data, DataSplit) else data
+    cd = data if isinstance(data, CalibrationData) else calibration_data(data)
     return calibrate(model, table, cd.calib_x, accuracy_on(cd.val_x, cd.val_y), config, graph=graph)
 
 
-def calibrate_workload(model: torch.nn.Module, table: Mapping[str, TeSA] | None, workload: Workload,
+def calibrate_workload(model: torch.nn.Module, table: Mapping[str, TeSA] | None, workload: Task,
                        config: CalibrationConfig = CalibrationConfig(), *, graph: Graph | None = None
                        ) -> CalibrationResult:
     """`calibrate` on a workload: its calibration inputs, steered by its validation metric.

@@ -12,10 +12,10 @@ from typing import Any
 from torch import nn
 
 from sparta_explore.errors import ConfigError
+from sparta_explore.prunable import PRUNABLE_OP_TYPES
 from sparta_explore.pruners.selection import select_modules
 from sparta_explore.quantizers.registry import QuantBits, QuantRequest, register_quantizer
 from sparta_explore.tesa import NumberFormat
-from sparta_explore.workload import PRUNABLE_TYPES
 
 _TARGETS = ("weight", "bias", "_input_", "_output_")
 
@@ -60,7 +60,7 @@ def uniform_configs(request: QuantRequest, model: nn.Module) -> list[UniformQuan
         ('weight',)
     """
     return [UniformQuantConfig(weight_bits=request.bits, activation_bits=request.activation_bits, activation_fmt="int",
-                               targets=request.targets, op_types=PRUNABLE_TYPES, op_names=request.layers)]
+                               targets=request.targets, op_types=PRUNABLE_OP_TYPES, op_names=request.layers)]
 
 
 @register_quantizer("uniform", config_type=UniformQuantConfig, from_request=uniform_configs)

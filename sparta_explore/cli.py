@@ -166,7 +166,7 @@ def _nni_arguments(p: argparse.ArgumentParser) -> None:
 @command("nni", "run an NNI experiment (start, wait, stop) and export its trials to a results table",
          _nni_arguments)
 def _nni(args: argparse.Namespace) -> int:
-    from sparta_explore.explore.nni_experiment import (
+    from sparta_explore.explore.nni.experiment import (
         RESULTS_CSV,
         ExperimentRun,
         export_trials,
@@ -186,6 +186,30 @@ def _nni(args: argparse.Namespace) -> int:
     cols = ["nni_trial", "sparsity", "layer_sparsity", "block", "bits", "scope", "accuracy", "latency_ms",
             "dense_latency_ms", "flops_ratio", "score", "nni_params_matched"]
     print(df[[c for c in cols if c in df.columns]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    return 0
+
+
+def _space_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", "--model", dest="workload", default="digits-ffn",
+                   help="built-in workload or 'module:attr' / 'file.py:attr'")
+    p.add_argument("--families", action="store_true",
+                   help="the family space (per-layer sparsity x pattern x precision) instead of the block space")
+    p.add_argument("--out", type=Path, default=None, help="write here (e.g. experiments/search_space.json)")
+
+
+@command("space", "print (or write) a workload's NNI search space", _space_arguments)
+def _space(args: argparse.Namespace) -> int:
+    from sparta_explore.cache import atomic_write
+    from sparta_explore.explore.search.block_space import BlockSpaceConfig, block_search_space, format_search_space
+    from sparta_explore.explore.search.family_space import FamilySpaceConfig, family_search_space
+
+    space = (family_search_space(FamilySpaceConfig(workload=args.workload)) if args.families
+             else block_search_space(BlockSpaceConfig(workload=args.workload)))
+    text = format_search_space(space)
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        print(f"wrote {atomic_write(args.out, lambda f: f.write(text.encode()))}")
     return 0
 
 
@@ -252,8 +276,8 @@ def _print_results(df: pd.DataFrame) -> None:
 
 
 def _plot_and_report(df: pd.DataFrame, out: Path) -> None:
-    from sparta_explore.explore.plots import plot_results
-    from sparta_explore.explore.report import write_report
+    from sparta_explore.explore.report.plots import plot_results
+    from sparta_explore.explore.report.sweep_report import write_report
 
     images = plot_results(df, out)
     report = write_report(df, out / "report.md", images=images)
@@ -285,7 +309,7 @@ def _load_trials(path: Path) -> pd.DataFrame:
 
 @command("plot", "draw accuracy-vs-latency Pareto fronts and latency-vs-FLOPs from a results table", _plot_arguments)
 def _plot(args: argparse.Namespace) -> int:
-    from sparta_explore.explore.plots import plot_results
+    from sparta_explore.explore.report.plots import plot_results
 
     for path in plot_results(_load_trials(args.results), args.out or _results_folder(args.results)):
         print(f"wrote {path}")
@@ -302,8 +326,8 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
 @command("report", "write a markdown report (best model per objective, hypervolumes, all trials)",
          _report_arguments)
 def _report(args: argparse.Namespace) -> int:
-    from sparta_explore.explore.plots import ACCURACY_LATENCY_PNG, LATENCY_FLOPS_PNG
-    from sparta_explore.explore.report import objective_picks, write_report
+    from sparta_explore.explore.report.plots import ACCURACY_LATENCY_PNG, LATENCY_FLOPS_PNG
+    from sparta_explore.explore.report.sweep_report import objective_picks, write_report
 
     df = _load_trials(args.results)
     out = args.out or _results_folder(args.results) / "report.md"

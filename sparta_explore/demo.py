@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from sparta_explore.errors import ConfigError
-from sparta_explore.explore.params import TrialParams
+from sparta_explore.explore.trial.params import TrialParams
 from sparta_explore.graph import Graph
 from sparta_explore.tesa_table import TeSATable
 
@@ -108,15 +108,16 @@ def run_demo(cfg: DemoConfig = DemoConfig(), *, out: str | os.PathLike | None = 
              cache_dir: str | os.PathLike | None = None, echo: Callable[[str], None] = print) -> DemoResult:
     """Load (or train) `cfg.model`, prune it, optionally quantize, propagate, fine-tune, and report the TeSAs.
 
-    The first two stages of a trial (`explore.stages`: compress, finetune) on the model's
+    The first two stages of a trial (`explore.trial.stages`: compress, finetune) on the model's
     built-in workload. Writes `tesa.npz` and `summary.csv` into `out` (unless None), then,
     with `cfg.sweep`, runs the sweep there (`results.csv`, `rows/`, the PNGs and `report.md`).
 
     Example:
         >>> result = run_demo(DemoConfig(pruner="level", sparsity=0.8))  # doctest: +SKIP
     """
-    from sparta_explore.explore.stages import TrialState, run_stages, weight_stats
-    from sparta_explore.workload import PRUNABLE_TYPES, load_workload
+    from sparta_explore.explore.trial.stages import TrialSetup, compress, finetune, weight_stats
+    from sparta_explore.prunable import is_prunable
+    from sparta_explore.workload import load_workload
     from sparta_explore.zoo import get_spec
 
     start = time.perf_counter()
@@ -127,30 +128,30 @@ def run_demo(cfg: DemoConfig = DemoConfig(), *, out: str | os.PathLike | None = 
     if cfg.exclude is not None:
         keep = tuple(n for n in workload.prunable_modules() if n not in cfg.exclude)
         workload = dataclasses.replace(workload, prunable=keep, _built=workload._built)
-    state = TrialState.start(params, cache_dir=cache_dir, echo=echo)
-    state.workload = workload
+    setup = TrialSetup.start(params, workload=workload, cache_dir=cache_dir, echo=echo)
     dense_acc = workload.evaluate(workload.dense_model())
     echo(f"model {cfg.model}: test accuracy {dense_acc:.4f} on the held-out digits")
-    weighted = {n for n, m in workload.dense_model().named_modules() if n and type(m).__name__ in PRUNABLE_TYPES}
+    weighted = {n for n, m in workload.dense_model().named_modules() if n and is_prunable(m)}
     left = sorted(weighted - set(workload.prunable_modules()))
     echo(f"pruning with {cfg.pruner} (sparsity {cfg.sparsity}"
          + (f", quantized by {cfg.quantizer} to {cfg.bits} bits" if cfg.quantizer else "")
          + f"); left dense: {', '.join(left) or 'nothing'}")
-    run_stages(state, ("compress", "finetune"))
-    graph, table, propagated = state.graph, state.table, state.propagation
+    compressed = compress(setup)
+    tuned = finetune(setup, compressed)
+    graph, table, propagated = setup.graph, compressed.table, compressed.propagation
     compare = propagated.compare()
     summary = compare[[graph.tensors[n].kind == "param" or propagated.table[n].kept_bits() != [32]
                        or propagated.table[n].sparsity > 0 for n in compare["name"]]]
     echo("")
     echo(summary.to_string(index=False))
     echo("")
-    weights = state.weights()
+    weights = setup.weights()
     before, _, _ = weight_stats(table, weights)
     after, _, _ = weight_stats(propagated.table, weights)
     echo(f"weights pruned: {before:.1%} by the pruner, {after:.1%} after propagation "
          f"({propagated.report.visits} rule visits, {propagated.report.seconds:.2f} s; self-check "
          f"{'passed' if propagated.check.passed else 'reverted ' + str(len(propagated.check.reverted))})")
-    masked_acc, tuned_acc = state.metrics["masked_metric"], state.metrics["finetuned_metric"]
+    masked_acc, tuned_acc = tuned.masked_metric, tuned.metric
     echo(f"test accuracy: dense {dense_acc:.4f}, masked {masked_acc:.4f}"
          + (f", masked + {cfg.finetune_epochs} epochs fine-tuning {tuned_acc:.4f}" if cfg.finetune_epochs else ""))
     if out is not None:
@@ -174,8 +175,8 @@ def run_demo_sweep(cfg: DemoConfig, out: str | os.PathLike, *, cache_dir: str | 
     Example:
         >>> rows = run_demo_sweep(DemoConfig(), "results/demo")  # doctest: +SKIP
     """
-    from sparta_explore.explore.plots import plot_results
-    from sparta_explore.explore.report import objective_picks, write_report
+    from sparta_explore.explore.report.plots import plot_results
+    from sparta_explore.explore.report.sweep_report import objective_picks, write_report
     from sparta_explore.explore.sweep import RESULTS_CSV, expand_grid, sweep
 
     out = Path(out)

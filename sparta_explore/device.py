@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from sparta_explore.cache import atomic_write, content_key, resolve_cache_dir
+from sparta_explore.timing import interleaved_ms
 
 PROFILE_VERSION = 6  # 4: int8 dense on VNNI; 5: scattered rows step one word at a time; 6: flat loops, int8 K panels
 BLOCKS: tuple[tuple[int, int], ...] = ((1, 1), (1, 32), (16, 16), (32, 32), (32, 64), (64, 32), (64, 64))
@@ -210,15 +211,10 @@ def fastest_ms(fns: dict, x: torch.Tensor, rounds: int) -> dict:
         >>> sorted(fastest_ms({"a": torch.relu, "b": torch.tanh}, torch.ones(4), rounds=3))
         ['a', 'b']
     """
-    best = {key: float("inf") for key in fns}
     for fn in fns.values():
         fn(x)
-    for _ in range(rounds):
-        for key, fn in fns.items():
-            t0 = time.perf_counter()
-            fn(x)
-            best[key] = min(best[key], (time.perf_counter() - t0) * 1e3)
-    return best
+    times = interleaved_ms(list(fns.values()), rounds, (x,))
+    return {key: min(ts, default=float("inf")) for key, ts in zip(fns, times)}
 
 
 def _block_pattern(shape: ProfileShape, block: tuple[int, int], gen: torch.Generator) -> tuple[torch.Tensor, int]:

@@ -36,6 +36,15 @@ class CaptureError(SpartaError, RuntimeError):
     """A model could not be traced or run on its example inputs."""
 
 
+class InputDtypeError(SpartaError, TypeError):
+    """A compiled model was called with a floating-point input of another dtype than it was compiled for.
+
+    Example:
+        InputDtypeError: argument 0 is float64, but this model was compiled for float32 (its example inputs'
+        dtype), and an op it leaves to PyTorch takes no other: convert the input (e.g. x.float()) ...
+    """
+
+
 class ConfigError(SpartaError, ValueError):
     """A configuration value is invalid; the message names the key."""
 

@@ -1,8 +1,9 @@
 """The machine a latency was measured on: CPU model, the ISA flags the kernels use, threads.
 
 Latency from two machines is not comparable, so every results row records where it was
-measured (`Machine.columns`), fronts and reports keep machines apart (`explore.pareto.
-split_machines`), and device profiles are cached per machine (`device.machine_key`).
+measured (`Machine.columns`), fronts refuse rows from several machines unless asked to mix
+them and reports group rows by machine (the exploration package's `check_one_machine` and
+`machines_of`), and device profiles are cached per machine (`device.machine_key`).
 The flags are the ones under the kernels' ISA ceiling (`kernels.build.cpu_flags`), so a
 run lowered to ``--isa avx2`` counts as a different machine, which it is for the kernels.
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 
 import torch
@@ -10,6 +9,7 @@ from torch import nn
 
 from sparta_explore.errors import TeSANameError
 from sparta_explore.tesa import TeSA
+from sparta_explore.tracing.copying import deep_copy
 
 
 def apply_table(model: nn.Module, table: Mapping[str, TeSA]) -> nn.Module:
@@ -41,4 +41,4 @@ def masked_copy(model: nn.Module, table: Mapping[str, TeSA]) -> nn.Module:
     Example:
         >>> ref = masked_copy(model, table)  # doctest: +SKIP
     """
-    return apply_table(copy.deepcopy(model), table)
+    return apply_table(deep_copy(model), table)

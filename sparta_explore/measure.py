@@ -13,8 +13,6 @@ Example:
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,8 @@ import torch
 from torch import nn
 
 from sparta_explore.callable_module import make_callable
+from sparta_explore.timing import interleaved_ms
+from sparta_explore.tracing.inputs import as_call, set_mode
 
 
 @dataclass(frozen=True)
@@ -110,11 +110,7 @@ def call_of(inputs: Any) -> tuple[tuple, dict]:
 
     if isinstance(inputs, Graph):
         return tuple(inputs.call_args), dict(inputs.call_kwargs)
-    if isinstance(inputs, torch.Tensor):
-        return (inputs,), {}
-    if isinstance(inputs, Mapping):
-        return (), dict(inputs)
-    return tuple(inputs), {}
+    return as_call(inputs)
 
 
 def count_flops(model: nn.Module, example_inputs: Any) -> tuple[int, int]:
@@ -203,8 +199,6 @@ def measure(model: nn.Module, example_inputs: Any, *, runs: int = 30, warmup: in
     """
     if runs < 1 or warmup < 0:
         raise ValueError(f"runs must be >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
-    from sparta_explore.tracing.inputs import set_mode
-
     args, kwargs = call_of(example_inputs)
     was_training = set_mode(model, False)
     try:
@@ -213,11 +207,7 @@ def measure(model: nn.Module, example_inputs: Any, *, runs: int = 30, warmup: in
                 model(*args, **kwargs)
             rss0 = _rss_kib("VmRSS")
             tracked = _reset_peak_rss() and rss0 is not None
-            times = []
-            for _ in range(runs):
-                t0 = time.perf_counter()
-                model(*args, **kwargs)
-                times.append((time.perf_counter() - t0) * 1e3)
+            (times,) = interleaved_ms([model], runs, args, kwargs)
             peak = _rss_kib("VmHWM") if tracked else None
         dense, effective = count_flops(model, example_inputs) if count else (0, 0)
     finally:

@@ -1,7 +1,11 @@
-"""A named registry: the one lookup table behind pruners, quantizers, models and commands.
+"""A named registry: items looked up by a forgiving name, the choices listed when a name is unknown.
 
-Lookups forgive case, "-" and "_" and an optional class-style suffix ("L1NormPruner" finds
-"l1norm"); an unknown name is a `ConfigError` that lists the choices.
+Pruners, quantizers, zoo models, built-in workloads, objectives, plan candidate
+generators and kernel builders are each a `Registry`. Lookups forgive case, "-" and "_"
+and an optional class-style suffix ("L1NormPruner" finds "l1norm"); an unknown name is a
+`ConfigError` that lists the choices. It is not the only table: others keep a plain dict
+of their own (command-line commands, searches, activations, graph passes, and the tables
+keyed by fx target or module class, such as propagation, shrink and weight-site rules).
 """
 
 from __future__ import annotations

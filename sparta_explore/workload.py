@@ -9,6 +9,11 @@ may be pruned. The embedded digits models are built-in workloads of the same typ
 ``package.module:attr`` or ``path/to/file.py:attr`` (a `Workload`, or a function with no
 required arguments returning one).
 
+Built-in workloads come from sources: modules that `register_workload` when imported.
+This module names them (`register_workload_source`) and imports them on the first lookup
+by name, so it never imports the zoo (the zoo imports it): ``load_workload("digits-mlp")``
+works in a fresh process all the same.
+
 Example:
     >>> w = Workload("tiny", nn.Linear(4, 2), (torch.randn(3, 4),), metric=lambda m: 1.0)
     >>> w.evaluate(w.dense_model()), w.prunable_modules()
@@ -23,7 +28,7 @@ import importlib.util
 import math
 import numbers
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,10 +37,11 @@ import torch
 from torch import nn
 
 from sparta_explore.errors import ConfigError
+from sparta_explore.prunable import is_linear, is_prunable
 from sparta_explore.registry import Registry
+from sparta_explore.tracing.inputs import as_call
 
 Metric = Callable[[nn.Module], float]
-PRUNABLE_TYPES = ("Linear", "Conv2d", "Conv1D")
 
 
 def default_head(model: nn.Module) -> str | None:
@@ -45,7 +51,7 @@ def default_head(model: nn.Module) -> str | None:
         >>> default_head(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)))
         '2'
     """
-    names = [n for n, m in model.named_modules() if n and type(m).__name__ in ("Linear", "Conv1D")]
+    names = [n for n, m in model.named_modules() if n and is_linear(m)]
     return names[-1] if names else None
 
 
@@ -66,6 +72,9 @@ class Workload:
     * `prunable`: module FQNs that may be pruned; None = every Linear / Conv2d / Conv1D but `head`.
     * `head`: the output module left dense ("auto": the last Linear / Conv1D; None: none).
     * `capture`: options for `capture` (method, leaf_modules, concrete_args).
+    * `architecture`: for a `model` builder that trains, a cheap function building the same
+      modules untrained: the names in `prunable` are checked on it before `model` runs, so a
+      typo costs no training.
     """
 
     name: str
@@ -83,6 +92,7 @@ class Workload:
     head: str | None = "auto"
     capture: Mapping[str, Any] = field(default_factory=dict)
     description: str = ""
+    architecture: Callable[[], nn.Module] | None = field(default=None, repr=False)
     _built: list = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -90,6 +100,8 @@ class Workload:
             raise ConfigError(f"a workload needs a non-empty name, got {self.name!r}")
         if not (isinstance(self.model, nn.Module) or callable(self.model)):
             raise ConfigError(f"workload {self.name!r}: model must be an nn.Module or a function building one")
+        if self.architecture is not None and not callable(self.architecture):
+            raise ConfigError(f"workload {self.name!r}: architecture must be a function building the model untrained")
         if not callable(self.metric):
             raise ConfigError(f"workload {self.name!r}: metric must be a function model -> float")
         if (self.train_batches is None) != (self.loss is None):
@@ -104,14 +116,20 @@ class Workload:
     def dense_model(self) -> nn.Module:
         """The dense model (built once, then shared: copy it before changing its weights).
 
+        The names in `prunable` are checked first (on `architecture` before a builder runs,
+        else on the model as soon as it is built): a `ConfigError` names the missing ones.
+
         Example:
             >>> w.dense_model()  # doctest: +SKIP
         """
         if not self._built:
+            if self.prunable is not None and self.architecture is not None and not isinstance(self.model, nn.Module):
+                self._check_prunable(self.architecture())
             model = self.model if isinstance(self.model, nn.Module) else self.model()
             if not isinstance(model, nn.Module):
                 raise ConfigError(f"workload {self.name!r}: its model builder returned {type(model).__name__}, "
                                   "not an nn.Module")
+            self._check_prunable(model)
             self._built.append(model.eval())
         return self._built[0]
 
@@ -127,15 +145,20 @@ class Workload:
             ('0',)
         """
         model = model if model is not None else self.dense_model()
-        named = dict(model.named_modules())
         if self.prunable is not None:
-            missing = [n for n in self.prunable if n not in named]
-            if missing:
-                raise ConfigError(f"workload {self.name!r}: prunable names {missing} are not modules of the model")
+            self._check_prunable(model)
             return self.prunable
         head = self.head_module(model)
-        return tuple(n for n, m in named.items() if n and n != head and type(m).__name__ in PRUNABLE_TYPES
+        return tuple(n for n, m in model.named_modules() if n and n != head and is_prunable(m)
                      and isinstance(getattr(m, "weight", None), torch.Tensor))
+
+    def _check_prunable(self, model: nn.Module) -> None:
+        if self.prunable is None:
+            return
+        named = dict(model.named_modules())
+        missing = [n for n in self.prunable if n not in named]
+        if missing:
+            raise ConfigError(f"workload {self.name!r}: prunable names {missing} are not modules of the model")
 
     def head_module(self, model: nn.Module | None = None) -> str | None:
         """The output module left dense (resolving "auto")."""
@@ -144,10 +167,6 @@ class Workload:
         return default_head(model if model is not None else self.dense_model())
 
     # ---- data ------------------------------------------------------------------------------
-    def example_call(self) -> tuple[tuple, dict]:
-        """`inputs` as (args, kwargs)."""
-        return _as_call(self.inputs)
-
     def timing_inputs(self, batch: int | None) -> Any:
         """What a latency measurement feeds the model at `batch` (or the example inputs)."""
         if batch is None or self.latency_inputs is None:
@@ -214,16 +233,6 @@ class Workload:
         model.eval()
 
 
-def _as_call(inputs: Any) -> tuple[tuple, dict]:
-    if isinstance(inputs, torch.Tensor):
-        return (inputs,), {}
-    if isinstance(inputs, Mapping):
-        return (), dict(inputs)
-    if isinstance(inputs, Sequence) and not isinstance(inputs, str):
-        return tuple(inputs), {}
-    raise ConfigError(f"workload inputs must be a tensor, a tuple or a dict, got {type(inputs).__name__}")
-
-
 def call_model(model: nn.Module, inputs: Any) -> Any:
     """`model` called on `inputs` (a tensor, a tuple of positional inputs, or a dict of keyword inputs).
 
@@ -231,13 +240,26 @@ def call_model(model: nn.Module, inputs: Any) -> Any:
         >>> call_model(nn.Identity(), {"input": torch.ones(1)})
         tensor([1.])
     """
-    args, kwargs = _as_call(inputs)
+    args, kwargs = as_call(inputs)
     return model(*args, **kwargs)
 
 
 # ---- built-in workloads and loading by reference ---------------------------------------------
 _BUILTIN: Registry[Callable[..., Workload]] = Registry("workload")
 _LOADED: dict[tuple[str, str | None], Workload] = {}
+# Modules that register built-in workloads when imported, by name: importing them here would
+# make this module depend on the zoo, which depends on it. The zoo registers the digits models.
+_SOURCES: list[str] = ["sparta_explore.zoo"]
+
+
+def register_workload_source(module: str) -> None:
+    """Name a module that registers built-in workloads when imported; it is imported on the first lookup by name.
+
+    Example:
+        >>> register_workload_source("sparta_explore.zoo")  # already a source: nothing changes
+    """
+    if module not in _SOURCES:
+        _SOURCES.append(module)
 
 
 def register_workload(name: str) -> Callable[[Callable[..., Workload]], Callable[..., Workload]]:
@@ -249,14 +271,14 @@ def register_workload(name: str) -> Callable[[Callable[..., Workload]], Callable
 
 
 def builtin_workloads() -> list[str]:
-    """Names of the built-in workloads (the embedded digits models).
+    """Names of the built-in workloads (the embedded digits models, and any other source's).
 
     Example:
         >>> "digits-ffn" in builtin_workloads()
         True
     """
-    import sparta_explore.zoo.workloads  # noqa: F401  (registers the digits workloads)
-
+    for module in list(_SOURCES):
+        importlib.import_module(module)  # registers its workloads the first time; a dict lookup after
     return _BUILTIN.names()
 
 
@@ -326,7 +348,7 @@ def load_workload(ref: str | Workload, *, cache_dir: str | None = None) -> Workl
     key = (ref, None if cache_dir is None else str(cache_dir))
     if key in _LOADED:
         return _LOADED[key]
-    if not is_reference(ref):
+    if not is_reference(ref):  # check_reference imported the sources
         workload = _BUILTIN.get(ref)(cache_dir=cache_dir)
     else:
         target, _, attr = ref.rpartition(":")

@@ -29,6 +29,14 @@ def digits():
 
 
 @pytest.fixture
+def digits_task(cache_dir):
+    """The built-in digits workload of a model, by name: the data, loss and metrics compressors train with."""
+    from sparta_explore.workload import load_workload
+
+    return lambda name: load_workload(name, cache_dir=cache_dir)
+
+
+@pytest.fixture
 def trained(cache_dir, digits):
     """A fresh copy of a trained digits model, by name (training happens once per session)."""
     def load(name):

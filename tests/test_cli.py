@@ -192,3 +192,17 @@ def test_fuzzed_option_values_parse_or_fail_in_one_line(option, value):
               "--bits": lambda v: v == 32 or 2 <= v <= 8, "--target": lambda v: 0 < v < float("inf"),
               "--block": lambda v: v is None or all(int(s) >= 1 for s in v.split("x"))}
     assert checks[option](parsed), (option, value, parsed)
+
+
+def test_space_prints_and_writes_the_search_spaces(tmp_path, capsys):
+    # the command that regenerates experiments/search_space*.json (it was a main() inside the library module)
+    from sparta_explore.explore.search.block_space import BlockSpaceConfig, block_search_space, format_search_space
+    from sparta_explore.explore.search.family_space import FamilySpaceConfig, family_search_space
+
+    assert main(["space", "--workload", "digits-mlp"]) == 0
+    assert capsys.readouterr().out == format_search_space(block_search_space(BlockSpaceConfig(workload="digits-mlp")))
+    out = tmp_path / "families.json"
+    assert main(["space", "--workload", "digits-mlp", "--families", "--out", str(out)]) == 0
+    assert out.read_text() == format_search_space(family_search_space(FamilySpaceConfig(workload="digits-mlp")))
+    assert main(["space", "--workload", "no-such-model"]) == 2
+    assert "no-such-model" in capsys.readouterr().err

@@ -4,8 +4,8 @@ import pandas as pd
 import pytest
 
 from sparta_explore.errors import ConfigError
-from sparta_explore.explore.pareto import front_hypervolume, guided_front
-from sparta_explore.explore.plots import result_groups
+from sparta_explore.explore.report.pareto import front_hypervolume, guided_front
+from sparta_explore.explore.report.plots import result_groups
 from sparta_explore.kernels.build import set_target_isa
 from sparta_explore.machine import Machine, this_machine
 

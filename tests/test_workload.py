@@ -1,5 +1,6 @@
 """Workloads: the user's model, data and metric, loaded by reference and explored end to end; bad ones named."""
 
+import dataclasses
 import textwrap
 
 import pytest
@@ -131,3 +132,36 @@ def test_builtin_digits_workloads_and_defaults():
         Workload("p", nn.Linear(2, 2), (), lambda m: 1.0, prunable=("nope",)).prunable_modules()
     with pytest.raises(ConfigError, match="train_batches and loss go together"):
         Workload("p", nn.Linear(2, 2), (), lambda m: 1.0, loss=lambda m, b: 0)
+
+
+def test_wrong_prunable_names_are_found_before_the_model_is_built():
+    built = []
+
+    def architecture():
+        return nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+
+    def build():  # stands for a builder that trains
+        built.append(1)
+        return architecture()
+
+    w = Workload("p", build, (), lambda m: 1.0, prunable=("0", "nope"), architecture=architecture)
+    with pytest.raises(ConfigError, match="prunable names \\['nope'\\]"):
+        w.dense_model()
+    assert not built  # checked on the architecture: the builder never ran
+    plain = Workload("p", build, (), lambda m: 1.0, prunable=("nope",))
+    with pytest.raises(ConfigError, match="prunable names \\['nope'\\]"):
+        plain.dense_model()  # no architecture: checked as soon as the model is built, before any other work
+
+
+def test_a_digits_workload_with_a_wrong_prunable_name_fails_before_training(monkeypatch, tmp_path):
+    # regression: the typo used to cost the digits model's training (38 s) before the ConfigError
+    import sparta_explore.zoo.training as training
+    from sparta_explore.zoo import digits_workload
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the model was trained before its prunable names were checked")
+
+    monkeypatch.setattr(training, "pretrained", no_training)
+    w = dataclasses.replace(digits_workload("digits-mlp", cache_dir=tmp_path), prunable=("layers.0", "layer.1"))
+    with pytest.raises(ConfigError, match="prunable names \\['layer.1'\\]"):
+        w.dense_model()

@@ -29,7 +29,12 @@ OP_TOLERANCE = {FP32: 1e-4, 8: 1e-3}
 
 
 class CompileWarning(UserWarning):
-    """A planned op could not use a faster kernel (build, check or fusion failed) and runs dense."""
+    """Compile did less than it was asked to; the message says what.
+
+    An op could not use a faster kernel (build, check or fusion failed) and runs dense; a check
+    failed and a reference runs; a call with other input sizes runs the reference; or the
+    table prunes and quantizes nothing, so there was nothing to compile.
+    """
 
 
 def narrowest(candidate: Candidate) -> int:
@@ -103,7 +108,7 @@ def choose(op: OpPlan, ctx: LowerContext, x: torch.Tensor, mode: str, runs: int,
     for candidate in order:
         module, why = _try_candidate(op, candidate, ctx, x)
         if why is not None:
-            op.notes.append(why)
+            op.fell_back(why)
             warnings.warn(f"op {op.op!r}: {why}", CompileWarning, stacklevel=3)
             continue
         built[candidate.name] = module
@@ -111,7 +116,7 @@ def choose(op: OpPlan, ctx: LowerContext, x: torch.Tensor, mode: str, runs: int,
             break
     if not built:  # not even dense could run: the op keeps its own (masked) module, never a crash
         op.chosen = ORIGINAL
-        op.notes.append("no candidate could run: the op's own module runs, masked")
+        op.fell_back("no candidate could run: the op's own module runs, masked")
         warnings.warn(f"op {op.op!r}: no candidate could run; its own module runs, masked", CompileWarning,
                       stacklevel=3)
         return None

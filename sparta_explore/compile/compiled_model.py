@@ -8,7 +8,7 @@ Example:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ from torch import nn
 from torch.nn.modules import module as _module
 
 from sparta_explore.compile.choose import CompileWarning
+from sparta_explore.errors import InputDtypeError
 from sparta_explore.plan import ExecutionPlan
 from sparta_explore.tracing.inputs import set_mode
 
@@ -46,6 +47,21 @@ class SizeGuard:
         return True
 
 
+def floating_dtypes(args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[int | str, torch.dtype]:
+    """The dtype of each floating-point tensor input, by position or keyword: what a compiled model accepts.
+
+    Example:
+        >>> floating_dtypes((torch.zeros(2), torch.zeros(2, dtype=torch.long)), {"y": torch.zeros(1)})
+        {0: torch.float32, 'y': torch.float32}
+    """
+    given = [*enumerate(args), *kwargs.items()]
+    return {k: x.dtype for k, x in given if isinstance(x, torch.Tensor) and x.is_floating_point()}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
 class CompiledModel(nn.Module):
     """The model after graph passes, with planned ops swapped for kernels; `report` says what each op runs.
 
@@ -55,7 +71,9 @@ class CompiledModel(nn.Module):
     passed), `guard` (the whole-model timing against the dense model, or None), `max_error`
     (vs the reference ops), `table_error` (vs the model masked with the table, weights on
     their grids), `fp32_error` (vs the masked model in fp32: quantization's own error),
-    `unread` (table names the forward never reads), `seconds`. Called like the model.
+    `unread` (table names the forward never reads), `seconds`, `input_dtypes` (the example
+    inputs' floating dtypes). Called like the model; a floating input of another dtype that an
+    op rejects is one `InputDtypeError` naming the input and the dtype it was compiled for.
 
     Example:
         >>> cm = compile(model, table, (x,)); y = cm(x)  # doctest: +SKIP
@@ -63,7 +81,8 @@ class CompiledModel(nn.Module):
 
     def __init__(self, module: fx.GraphModule, plan: ExecutionPlan, checks: pd.DataFrame, seconds: float,
                  unread: list[str], fp32_error: float, passes: pd.DataFrame | None = None,
-                 guard: dict | None = None, size_guard: SizeGuard | None = None) -> None:
+                 guard: dict | None = None, size_guard: SizeGuard | None = None,
+                 input_dtypes: Mapping[int | str, torch.dtype] | None = None) -> None:
         super().__init__()
         self.module = module
         self.plan = plan
@@ -74,6 +93,7 @@ class CompiledModel(nn.Module):
         self.passes = passes if passes is not None else pd.DataFrame(columns=["pass", "changed", "seconds", "notes"])
         self.guard = guard
         self.size_guard = size_guard
+        self.input_dtypes = dict(input_dtypes or {})
         self._warned_size = False
 
     @property
@@ -113,11 +133,36 @@ class CompiledModel(nn.Module):
         return self
 
     def __call__(self, *args, **kwargs):
-        # no hooks on the wrapper: straight to the module's own call (a tiny model's latency is a few such calls)
-        if self._forward_hooks or self._forward_pre_hooks or _module._global_forward_hooks \
-                or _module._global_forward_pre_hooks or self.size_guard is not None:
-            return super().__call__(*args, **kwargs)
-        return self._run(*args, **kwargs)
+        # no hooks on the wrapper: straight to the module's own call (a tiny model's latency is a few such calls);
+        # dtypes are looked at only once a call has failed (a try costs nothing until something raises)
+        try:
+            if self._forward_hooks or self._forward_pre_hooks or _module._global_forward_hooks \
+                    or _module._global_forward_pre_hooks or self.size_guard is not None:
+                return super().__call__(*args, **kwargs)
+            return self._run(*args, **kwargs)
+        except RuntimeError as e:
+            wrong = self._wrong_dtypes(args, kwargs)
+            if not wrong:
+                raise
+            # compiled ops run any float dtype (float32 fast, others their reference), but ops left to PyTorch
+            # (dense, or the user's masked model) raise "mat1 and mat2 must have the same dtype" and the like
+            raise InputDtypeError(f"{'; '.join(wrong)} (its example inputs' dtype), and an op it leaves to PyTorch "
+                                  "takes no other: convert the input (e.g. x.float()) or compile with example inputs "
+                                  f"of that dtype (PyTorch: {str(e).splitlines()[0]})") from e
+
+    def _wrong_dtypes(self, args: tuple, kwargs: dict) -> list[str]:
+        """'argument 0 is float64, but this model was compiled for float32', per floating input of another dtype."""
+        accepted = set(self.input_dtypes.values())
+        wrong = []
+        for key, x in [*enumerate(args), *kwargs.items()]:
+            if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+                continue
+            want = {self.input_dtypes[key]} if key in self.input_dtypes else accepted  # a keyword fx flattened
+            if want and x.dtype not in want:
+                label = f"argument {key}" if isinstance(key, int) else f"input {key!r}"
+                names = " or ".join(sorted(_dtype_name(d) for d in want))
+                wrong.append(f"{label} is {_dtype_name(x.dtype)}, but this model was compiled for {names}")
+        return wrong
 
     def __setattr__(self, name: str, value: Any) -> None:
         super().__setattr__(name, value)

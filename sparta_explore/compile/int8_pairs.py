@@ -22,7 +22,7 @@ from torch import nn
 
 from sparta_explore.device import fastest_ms
 from sparta_explore.kernels.build import KernelBuildError
-from sparta_explore.kernels.fused_ffn import FusedInt8Pair, fusable
+from sparta_explore.kernels.fused_ffn import FusedInt8Pair, why_not_fusable
 from sparta_explore.module_tree import set_module
 from sparta_explore.plan import OpPlan
 from sparta_explore.plan.sites import OUT_IN
@@ -56,12 +56,12 @@ def fuse_pairs(gm: fx.GraphModule, planned: list[OpPlan], compiled: dict[str, nn
             continue
         node, second = chain
         a, b = compiled[first.op], compiled.get(second.op)
-        if b is None or fusable(a, b) is not None:
+        if b is None or why_not_fusable(a, b) is not None:
             continue
         try:
             fused = FusedInt8Pair(a, b, cache_dir=cache_dir)
         except (KernelBuildError, OSError, ValueError) as e:
-            first.notes.append(f"fusion with {second.op!r} failed to build ({e})")
+            first.fell_back(f"fusion with {second.op!r} failed to build ({e})")
             continue
         fused.label = f"{first.op}+{second.op}"
         with torch.inference_mode():

@@ -7,7 +7,7 @@ in fp32 kernels are fake-quantized first (sparta_explore.fake_quant), so every f
 computes the numbers the TeSA asked for.
 
 Example:
-    >>> op = lower(candidate, module, activation="relu", m=4096)  # doctest: +SKIP
+    >>> op = lower(candidate, LowerContext(module, "relu", m=4096, cache_dir=None, tune=False))  # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import time
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,8 +39,8 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from sparta_explore.compile.choose import TOLERANCE, choose, narrowest
-from sparta_explore.compile.compiled_model import CompiledModel, SizeGuard
+from sparta_explore.compile.choose import TOLERANCE, CompileWarning, choose, narrowest
+from sparta_explore.compile.compiled_model import CompiledModel, SizeGuard, floating_dtypes
 from sparta_explore.compile.config import CompileConfig
 from sparta_explore.compile.epilogue import fuse_epilogues
 from sparta_explore.compile.guard import guarded
@@ -61,6 +62,7 @@ from sparta_explore.plan import plan as make_plan
 from sparta_explore.plan.execution_plan import FP32, ORIGINAL
 from sparta_explore.plan.sites import OUT_IN, replace_site
 from sparta_explore.tesa import TeSA
+from sparta_explore.tracing.copying import deep_copy
 
 __all__ = ["CompileConfig", "CompiledModel", "compile"]
 
@@ -103,6 +105,15 @@ def _unwrap_table(table: Any) -> tuple[Mapping[str, TeSA], Mapping[str, TeSA] | 
     return table, None
 
 
+def _warn_if_dense(table: Mapping[str, TeSA]) -> None:
+    """One `CompileWarning` when no TeSA prunes or quantizes anything: compile then has nothing to speed up."""
+    if any(set(tesa.bit_histogram()) - {FP32} for tesa in table.values()):
+        return
+    warnings.warn(f"nothing in the table is pruned or quantized (all {len(table)} TeSAs dense fp32), so no op gets "
+                  "a kernel: the compiled model is the model as given (at most rewritten by the graph passes, e.g. "
+                  "BatchNorm folded, which keep its results)", CompileWarning, stacklevel=3)
+
+
 def _pass_frame(reports: list[PassReport], kernel_rows: list[dict]) -> pd.DataFrame:
     rows = [{"pass": r.name, "changed": r.summary, "seconds": round(r.seconds, 3), "notes": "; ".join(r.notes)}
             for r in reports]
@@ -116,7 +127,7 @@ def _choose_all(working: Graph, execution: ExecutionPlan, config: CompileConfig)
     compiled: dict[str, nn.Module] = {}
     for op in planned:
         if op.site.module_target is not None and len(working.module_nodes(op.site.module_target)) > 1:
-            op.notes.append("module called more than once: left as is")
+            op.fell_back("module called more than once: left as is")
             op.chosen = ORIGINAL
             continue
         module = op.site.as_module(working.module)
@@ -159,7 +170,7 @@ def _eager_reference(graph: Graph, table: Mapping[str, TeSA], trusted: nn.Module
     if tol != TOLERANCE[FP32] or not isinstance(graph.root, nn.Module) or graph.root is graph.module:
         return trusted
     try:
-        eager = apply_table(copy.deepcopy(graph.root), table)
+        eager = apply_table(deep_copy(graph.root), table)
     except SpartaError:
         return trusted  # the table names the captured graph's tensors, not the model's own
     return eager if model_error(graph, eager, trusted) <= tol else trusted
@@ -200,8 +211,10 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
         kernels = frozenset({"dense", "shrink"})
     device = config.device or DeviceProfile.load_or_measure(cache_dir=config.cache_dir)
     trusted, unread = table_reference(graph, table)
-    gm = copy.deepcopy(graph.module)
+    gm = deep_copy(graph.module)
     usable, _ = split_unread(graph, gm, table)
+    if plan is None:  # after the names are checked: a table naming nothing of the model is an error, no warning
+        _warn_if_dense(table)
     apply_table(gm, usable)
     working = rewritten(graph, gm)
     names = () if plan is not None else config.graph_passes()
@@ -251,4 +264,5 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
     fp32_error = model_error(graph, run, table_reference(graph, table, grids=False)[0])
     size_guard = _size_guard(graph, run, fallback) if run is not fallback else None
     return CompiledModel(run, execution, pd.DataFrame(rows), time.perf_counter() - start, unread, fp32_error,
-                         passes=_pass_frame(reports, kernel_rows), guard=record, size_guard=size_guard)
+                         passes=_pass_frame(reports, kernel_rows), guard=record, size_guard=size_guard,
+                         input_dtypes=floating_dtypes(graph.call_args, graph.call_kwargs))

@@ -16,7 +16,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 
 import torch
@@ -31,6 +30,7 @@ from sparta_explore.masking import apply_table
 from sparta_explore.plan.bit_rounding import MIN_GRID_BITS
 from sparta_explore.plan.sites import input_bits, replace_site, weight_sites
 from sparta_explore.tesa import TeSA
+from sparta_explore.tracing.copying import deep_copy
 
 
 def split_unread(graph: Graph, module: fx.GraphModule, table: Mapping[str, TeSA]
@@ -69,7 +69,7 @@ def table_reference(graph: Graph, table: Mapping[str, TeSA], *, grids: bool = Tr
     Example:
         >>> ref, unread = table_reference(graph, table)   # doctest: +SKIP
     """
-    module = copy.deepcopy(graph.module)
+    module = deep_copy(graph.module)
     usable, unread = split_unread(graph, module, table)
     apply_table(module, usable)
     by_canonical = {graph.canonical(n): t for n, t in usable.items()} if grids else {}

@@ -17,7 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -30,6 +29,7 @@ from torch.utils import _pytree as pytree
 from sparta_explore.compile.choose import CompileWarning, relative_error
 from sparta_explore.graph import Graph
 from sparta_explore.plan import ExecutionPlan
+from sparta_explore.tracing.copying import deep_copy
 
 
 class ReferenceOp(nn.Module):
@@ -68,7 +68,7 @@ def _get_attr(module: nn.Module, target: str) -> object:
 
 def reference_module(gm: fx.GraphModule, compiled: Mapping[str, nn.Module]) -> fx.GraphModule:
     """The compiled graph with each compiled op computed by its PyTorch reference (sharing the modules)."""
-    graph = copy.deepcopy(gm.graph)
+    graph = deep_copy(gm.graph)
     ids = {id(m) for m in compiled.values()}
     owners: dict[str, object] = {}
     for node in graph.nodes:
@@ -93,7 +93,7 @@ def verified_module(graph: Graph, gm: fx.GraphModule, execution: ExecutionPlan, 
                       "reference ops instead. This is a kernel bug: please report it with the plan table",
                       CompileWarning, stacklevel=4)
         for op in execution.ops.values():
-            op.notes.append(f"whole-model check failed ({ops_error:.2e}): reference op runs")
+            op.fell_back(f"whole-model check failed ({ops_error:.2e}): reference op runs")
         run = reference
     for name, ref in references:
         error = model_error(graph, run, ref) if verify else float("nan")
@@ -104,6 +104,6 @@ def verified_module(graph: Graph, gm: fx.GraphModule, execution: ExecutionPlan, 
                           f"the {name} says: please report it", CompileWarning, stacklevel=4)
             run = ref
             for op in execution.ops.values():
-                op.notes.append(f"{name} check failed ({error:.2e}): the masked reference runs")
+                op.fell_back(f"{name} check failed ({error:.2e}): the masked reference runs")
             break
     return run, rows

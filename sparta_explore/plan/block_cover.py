@@ -34,10 +34,6 @@ class CoverPart:
     n_blocks: int
     mask: torch.Tensor = field(hash=False, compare=False)
 
-    @property
-    def n_kept(self) -> int:
-        return int(self.mask.sum())
-
 
 @dataclass(frozen=True)
 class Cover:

@@ -22,7 +22,12 @@ import torch
 
 Block = tuple[int, int]
 FP32 = 32
-ORIGINAL = "original"  # `OpPlan.chosen` when no candidate could run and the op's own module stays
+# `OpPlan.chosen` when the op's own (masked) module stays: no candidate could run, or compile left it
+# as is (a module called more than once: its calls share the module, so no kernel replaces one call)
+ORIGINAL = "original"
+# the columns of `ExecutionPlan.table()`: a plan with no ops still has them
+REPORT_COLUMNS = ("op", "kind", "shape", "m", "density", "choice", "parts", "bits", "pred_ms", "meas_ms", "dense_ms",
+                  "dense_pred_ms", "fused", "candidates", "fallback", "notes")
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,12 @@ class OpPlan:
     measured_ms: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     site: Any = None  # the plan.sites.WeightSite this op was planned from
+    fallback: bool = False  # compile rejected a kernel for this op (build or check failed) or left it as is
+
+    def fell_back(self, why: str) -> None:
+        """Note that compile rejected a kernel for this op or left it as is (the report's ``fallback``)."""
+        self.notes.append(why)
+        self.fallback = True
 
     def candidate(self, name: str) -> Candidate:
         for c in self.candidates:
@@ -110,9 +121,10 @@ class ExecutionPlan:
     device_key: str
 
     def table(self) -> pd.DataFrame:
-        """One row per op: choice, parts, bits, predicted / measured ms, dense ms.
+        """One row per op: choice, parts, bits, predicted / measured ms, dense ms (`REPORT_COLUMNS`).
 
         Measured times are the fastest of compile's interleaved timing rounds on the op's input.
+        A plan with no ops gives no rows, with the same columns.
 
         Example:
             >>> plan(graph, table, device).table().columns.tolist()[:3]  # doctest: +SKIP
@@ -122,19 +134,19 @@ class ExecutionPlan:
         for p in self.ops.values():
             if p.chosen == ORIGINAL:
                 choice = Candidate(ORIGINAL, (), p.dense_predicted_ms)
-                parts, bits = "the op's own module, masked", "32"
+                parts, bits, fused = "the op's own module, masked", "32", "none"  # its activation runs apart
             else:
                 choice = p.candidate(p.chosen) if p.chosen else p.best_predicted()
-                parts, bits = choice.describe(), choice.bits
+                parts, bits, fused = choice.describe(), choice.bits, p.activation
             rows.append({
                 "op": p.op, "kind": p.kind, "shape": "x".join(map(str, p.shape)), "m": p.m,
                 "density": round(p.density, 4), "choice": choice.name, "parts": parts,
                 "bits": bits, "pred_ms": round(choice.predicted_ms, 4),
                 "meas_ms": round(p.measured_ms[choice.name], 4) if choice.name in p.measured_ms else None,
                 "dense_ms": round(p.measured_ms["dense"], 4) if "dense" in p.measured_ms else None,
-                "dense_pred_ms": round(p.dense_predicted_ms, 4), "fused": p.activation,
-                "candidates": len(p.candidates), "notes": "; ".join(p.notes)})
-        return pd.DataFrame(rows)
+                "dense_pred_ms": round(p.dense_predicted_ms, 4), "fused": fused,
+                "candidates": len(p.candidates), "fallback": p.fallback, "notes": "; ".join(p.notes)})
+        return pd.DataFrame(rows, columns=list(REPORT_COLUMNS))
 
     def __str__(self) -> str:
         if not self.ops:

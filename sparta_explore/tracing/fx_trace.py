@@ -76,8 +76,8 @@ def trace_fx(model: nn.Module, leaf_modules: Sequence[type | str] = (),
     """`model` symbolically traced into an fx.GraphModule; a failure is a `CaptureError` naming the line.
 
     Example:
-        >>> trace_fx(nn.Linear(2, 2)).graph.find_nodes(op="call_module")[0].target
-        ''
+        >>> trace_fx(nn.Sequential(nn.Linear(2, 2))).graph.find_nodes(op="call_module")[0].target
+        '0'
     """
     leaf_types = tuple(m for m in leaf_modules if isinstance(m, type))
     leaf_names = frozenset(m for m in leaf_modules if isinstance(m, str))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -24,16 +24,18 @@ from torch.utils import _pytree as pytree
 from sparta_explore.errors import CaptureError
 
 
-def as_call(example_inputs: Any, kwargs: Mapping[str, Any] | None) -> tuple[tuple, dict]:
+def as_call(example_inputs: Any, kwargs: Mapping[str, Any] | None = None) -> tuple[tuple, dict]:
     """(args, kwargs) of a call from a tensor, a tuple / list of inputs, or a dict of keyword inputs.
 
+    The one place inputs become a call: capture, workloads and `measure` all go through it.
+
     Example:
-        >>> as_call({"input_ids": 1}, None)
+        >>> as_call({"input_ids": 1})
         ((), {'input_ids': 1})
     """
     if isinstance(example_inputs, torch.Tensor):
         args: tuple = (example_inputs,)
-    elif isinstance(example_inputs, (tuple, list)):
+    elif isinstance(example_inputs, Sequence) and not isinstance(example_inputs, (str, bytes)):
         args = tuple(example_inputs)
     elif isinstance(example_inputs, Mapping) and kwargs is None:
         args, kwargs = (), example_inputs

@@ -18,6 +18,7 @@ from torch import nn
 
 from sparta_explore.cache import atomic_write, content_key, resolve_cache_dir
 from sparta_explore.errors import ConfigError
+from sparta_explore.metrics import top1_accuracy as evaluate  # the digits models' metric, by its zoo name
 from sparta_explore.zoo.data import DataSplit, load_digits_split
 from sparta_explore.zoo.registry import build_model, get_spec
 
@@ -44,23 +45,6 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig.threads must be >= 1 or None, got {self.threads}")
         if self.lr <= 0:
             raise ConfigError(f"TrainConfig.lr must be > 0, got {self.lr}")
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 512) -> float:
-    """Top-1 accuracy of `model` on (x, y), in eval mode; the model's mode is restored.
-
-    Example:
-        >>> evaluate(model, data.test_x, data.test_y)  # doctest: +SKIP
-        0.9777
-    """
-    was_training = model.training
-    model.eval()
-    correct = 0
-    for i in range(0, len(x), batch_size):
-        correct += int((model(x[i:i + batch_size]).argmax(dim=1) == y[i:i + batch_size]).sum())
-    model.train(was_training)
-    return correct / len(x) if len(x) else 0.0
 
 
 def train(model: nn.Module, data: DataSplit, config: TrainConfig = TrainConfig(),

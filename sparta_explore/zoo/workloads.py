@@ -7,7 +7,8 @@ Each digits model (`model_names(task="digits")`) is a `Workload`:
 * training: cross-entropy over shuffled batches of 64 of the train split;
 * calibration: the first 256 train images as inputs, accuracy on the last 384 as the
   validation metric (so the test split never picks bits);
-* latency inputs: real test images, repeated up to the batch.
+* latency inputs: real test images, repeated up to the batch;
+* architecture: the model untrained, so a wrong `prunable` name is found before training.
 
 Example:
     >>> w = load_workload("digits-mlp")   # doctest: +SKIP
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sparta_explore.workload import Workload, register_workload
-from sparta_explore.zoo.registry import get_spec, model_names
+from sparta_explore.zoo.registry import build_model, get_spec, model_names
 
 VALIDATION = 384   # last train examples: calibration's accuracy
 CALIBRATION = 256  # first train examples: calibration's inputs
@@ -77,7 +78,8 @@ def digits_workload(name: str, *, cache_dir: str | os.PathLike | None = None, se
         latency_inputs=lambda batch: (repeat_to(data.test_x, batch),), default_batch=spec.default_batch,
         train_batches=batches, loss=loss,
         validation_metric=lambda m: evaluate(m, train_x[-VALIDATION:], train_y[-VALIDATION:]),
-        calibration_inputs=(train_x[:CALIBRATION],), description=spec.description)
+        calibration_inputs=(train_x[:CALIBRATION],), description=spec.description,
+        architecture=lambda: build_model(name))
 
 
 def _register(name: str) -> None:

@@ -7,8 +7,8 @@ and latency-guided fronts differ, as on real hardware.
 
 import pytest
 
-from sparta_explore.explore.params import TrialParams
-from sparta_explore.explore.trial import METRIC_FIELDS, TrialResult
+from sparta_explore.explore.trial.params import TrialParams
+from sparta_explore.explore.trial.result import METRIC_FIELDS, TrialResult
 
 DENSE_MS, DENSE_FLOPS = 10.0, 1e9
 

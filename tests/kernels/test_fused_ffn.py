@@ -9,7 +9,7 @@ from torch import nn
 
 from sparta_explore.kernels import Int8SparseLinear, SparseLinear
 from sparta_explore.kernels.build import cpu_flags
-from sparta_explore.kernels.fused_ffn import FusedInt8Pair, fusable
+from sparta_explore.kernels.fused_ffn import FusedInt8Pair, why_not_fusable
 
 from .test_sparse_linear import block_mask
 
@@ -69,13 +69,13 @@ def test_fused_pair_on_blocks_empty_and_full_weights(tmp_path, block, density):
 
 def test_what_cannot_fuse_is_refused_with_the_reason(tmp_path):
     first, second = _pair(tmp_path, 64, 96, "none", {})
-    assert fusable(first, second) is None
-    assert "row-major Int8SparseLinear" in fusable(first, SparseLinear(torch.randn(64, 96), None,
-                                                                        torch.ones(64, 96, dtype=torch.bool)))
-    assert "feed" in fusable(first, first)
+    assert why_not_fusable(first, second) is None
+    dense = SparseLinear(torch.randn(64, 96), None, torch.ones(64, 96, dtype=torch.bool))
+    assert "row-major Int8SparseLinear" in why_not_fusable(first, dense)
+    assert "feed" in why_not_fusable(first, first)
     wide = Int8SparseLinear(torch.randn(64, 96), None, torch.rand(64, 96) > 0.9, expected_m=4096, cache_dir=tmp_path)
     if wide._tile != first._tile:  # wide one-row VNNI tiles only exist with VNNI
-        assert "tiles of" in fusable(first, wide)
+        assert "tiles of" in why_not_fusable(first, wide)
     with pytest.raises(ValueError, match="cannot fuse"):
         FusedInt8Pair(first, nn.Linear(96, 64))
 

@@ -53,10 +53,10 @@ def test_one_shot_pruners_match_nni_run_directly(trained, model_name, cls, name)
 
 @pytest.mark.parametrize("model_name", MODELS)
 @pytest.mark.parametrize("name", ["taylor", "slim", "movement", "agp", "linear"])
-def test_training_pruners_tables_equal_their_masks(trained, digits, model_name, name):
+def test_training_pruners_tables_equal_their_masks(trained, digits, digits_task, model_name, name):
     model = trained(model_name)
     config = _config(model_name, name)
-    masks = get_pruner(name).fn(model, config, digits)
+    masks = get_pruner(name).fn(model, config, digits_task(model_name))
     assert masks, f"{name} returned no masks"
     table = from_nni_masks(capture(model, digits.test_x[:2]), masks)
     _assert_table_matches(table, masks, model)
@@ -95,6 +95,12 @@ def test_training_pruner_without_evaluator_is_a_clear_error(trained):
         prune(trained("digits-mlp"), {"sparsity": 0.5}, pruner="taylor")
 
 
+def test_an_evaluator_that_is_no_workload_is_a_clear_error(trained, digits):
+    # pruners take a workload (its batches, loss and metric), not a data set
+    with pytest.raises(ConfigError, match="NNI Evaluator or a workload that can train.*got DataSplit"):
+        prune(trained("digits-mlp"), {"sparsity": 0.5, "training_steps": 1}, pruner="taylor", evaluator=digits)
+
+
 def test_bad_configs_name_the_key(trained):
     model = trained("digits-mlp")
     with pytest.raises(ConfigError, match="sparsity"):
@@ -114,22 +120,22 @@ def test_from_nni_masks_rejects_unknown_modules(trained):
 
 
 @pytest.mark.parametrize("name", ["l1norm", "taylor"])
-def test_bias_free_convs_regression(trained, digits, name):
+def test_bias_free_convs_regression(trained, digits_task, name):
     # NNI reports a None "bias" mask for conv layers built with bias=False (ResNet/MobileNet style)
     model = trained("digits-resnet")
     table = prune(model, NNIPruneConfig(0.5, exclude_op_names=("fc",), training_steps=4), pruner=name,
-                  evaluator=digits)
+                  evaluator=digits_task("digits-resnet"))
     assert table["stem.0.weight"].sparsity == pytest.approx(0.5, abs=0.07)
     assert "stem.0.bias" not in table
 
 
-def test_slim_factor_is_folded_so_unwrapped_model_matches_nni(trained, digits):
+def test_slim_factor_is_folded_so_unwrapped_model_matches_nni(trained, digits, digits_task):
     # SlimPruner's wrapped forward computes weight * slim_factor * mask; after our unwrap
     # the plain model with the table's masks applied must compute the same outputs.
     from nni.compression.pruning import SlimPruner
 
     from sparta_explore import masked_copy
-    from sparta_explore.pruners.nni_evaluator import classification_evaluator
+    from sparta_explore.pruners.nni_evaluator import workload_evaluator
 
     config = NNIPruneConfig(0.5, op_types=("BatchNorm2d",), training_steps=6)
     reference = trained("digits-cnn")
@@ -137,15 +143,15 @@ def test_slim_factor_is_folded_so_unwrapped_model_matches_nni(trained, digits):
     x = digits.test_x[:32]
     torch.manual_seed(0)
     with quiet_nni():
-        pruner = SlimPruner(reference, config.to_config_list(), classification_evaluator(reference, digits),
-                            training_steps=6, regular_scale=1.0)
+        evaluator = workload_evaluator(reference, digits_task("digits-cnn"))
+        pruner = SlimPruner(reference, config.to_config_list(), evaluator, training_steps=6, regular_scale=1.0)
         pruner.compress()
         reference.eval()
         with torch.no_grad():
             expected = reference(x)
         pruner.unwrap_model()
     torch.manual_seed(0)
-    table = prune(ours, config, pruner="slim", evaluator=digits)
+    table = prune(ours, config, pruner="slim", evaluator=digits_task("digits-cnn"))
     with torch.no_grad():
         got = masked_copy(ours, table).eval()(x)
     assert table["bn1.weight"].sparsity == pytest.approx(0.5, abs=0.07)

@@ -9,23 +9,23 @@ from nni.compression.quantization import QATQuantizer
 from sparta_explore import NumberFormat, capture
 from sparta_explore.errors import ConfigError
 from sparta_explore.pruners import prune
-from sparta_explore.pruners.nni_evaluator import classification_evaluator, quiet_nni
+from sparta_explore.pruners.nni_evaluator import quiet_nni, workload_evaluator
 from sparta_explore.quantizers import NNIQuantConfig, bits_to_table, get_quantizer, parse_quant_dtype, quantize
 
 MODELS = ["digits-mlp", "digits-cnn"]
 
 
 @pytest.mark.parametrize("model_name", MODELS)
-def test_qat_bits_equal_nni_calibration_config(trained, digits, model_name):
+def test_qat_bits_equal_nni_calibration_config(trained, digits, digits_task, model_name):
     model = trained(model_name)
     config = NNIQuantConfig(weight_bits=4, activation_bits=8, training_steps=4)
     reference = copy.deepcopy(model)
     with quiet_nni():
-        q = QATQuantizer(reference, config.to_config_list(), classification_evaluator(reference, digits))
+        q = QATQuantizer(reference, config.to_config_list(), workload_evaluator(reference, digits_task(model_name)))
         _, calib = q.compress(max_steps=4, max_epochs=None)
         q.unwrap_model()
     graph = capture(model, digits.test_x[:2])
-    table = quantize(model, config, "qat", evaluator=digits, graph=graph)
+    table = quantize(model, config, "qat", evaluator=digits_task(model_name), graph=graph)
     checked = 0
     for module, targets in calib.items():
         node = graph.module_nodes(module)[0]
@@ -40,11 +40,11 @@ def test_qat_bits_equal_nni_calibration_config(trained, digits, model_name):
 
 @pytest.mark.parametrize("model_name", MODELS)
 @pytest.mark.parametrize("name", ["qat", "ptq", "lsq", "dorefa", "bnn"])
-def test_every_quantizer_table_equals_its_reported_bits(trained, digits, model_name, name):
+def test_every_quantizer_table_equals_its_reported_bits(trained, digits, digits_task, model_name, name):
     model = trained(model_name)
     graph = capture(model, digits.test_x[:2])
     config = NNIQuantConfig(training_steps=4)
-    bits = get_quantizer(name).fn(model, config, digits)
+    bits = get_quantizer(name).fn(model, config, digits_task(model_name))
     assert bits
     table = bits_to_table(graph, bits)
     for module, targets in bits.items():
@@ -58,33 +58,33 @@ def test_every_quantizer_table_equals_its_reported_bits(trained, digits, model_n
     assert model(digits.test_x[:4]).shape == (4, 10)
 
 
-def test_mixed_precision_config_list(trained, digits):
+def test_mixed_precision_config_list(trained, digits, digits_task):
     model = trained("digits-mlp")
     config_list = [{"op_names": ["layers.0"], "target_names": ["weight"], "quant_dtype": "int4",
                     "quant_scheme": "symmetric"},
                    {"op_names": ["layers.1", "head"], "target_names": ["weight", "_input_"], "quant_dtype": "int8",
                     "quant_scheme": "symmetric",
                     "target_settings": {"_input_": {"quant_dtype": "uint8", "quant_scheme": "affine"}}}]
-    table = quantize(model, config_list, "qat", evaluator=digits, example_inputs=digits.test_x[:2])
+    table = quantize(model, config_list, "qat", evaluator=digits_task("digits-mlp"), example_inputs=digits.test_x[:2])
     assert table["layers.0.weight"].kept_bits() == [4]
     assert table["layers.1.weight"].kept_bits() == [8]
     assert table["relu"].formats() == {NumberFormat.UINT} and table["relu"].shape == (1, 256)
     assert table["layers.0.bias"].kept_bits() == [32]
 
 
-def test_merge_with_pruning_keeps_pruned_elements_pruned(trained, digits):
+def test_merge_with_pruning_keeps_pruned_elements_pruned(trained, digits_task):
     model = trained("digits-mlp")
     pruned = prune(model, {"sparsity": 0.6}, pruner="level")
-    bits = quantize(model, {"targets": ["weight"], "training_steps": 2}, "qat", evaluator=digits)
+    bits = quantize(model, {"targets": ["weight"], "training_steps": 2}, "qat", evaluator=digits_task("digits-mlp"))
     merged = pruned.merge(bits)
     w = merged["layers.0.weight"]
     assert torch.equal(w.pruned, pruned["layers.0.weight"].pruned)
     assert w.bit_histogram() == {0: int(w.pruned.sum()), 8: int(w.kept.sum())}
 
 
-def test_activation_targets_need_the_graph(trained, digits):
+def test_activation_targets_need_the_graph(trained, digits_task):
     with pytest.raises(ConfigError, match="graph= or example_inputs="):
-        quantize(trained("digits-mlp"), NNIQuantConfig(training_steps=1), "qat", evaluator=digits)
+        quantize(trained("digits-mlp"), NNIQuantConfig(training_steps=1), "qat", evaluator=digits_task("digits-mlp"))
 
 
 def test_quantizers_need_an_evaluator(trained):
@@ -111,10 +111,11 @@ def test_parse_quant_dtype_rejects(bad):
 
 
 @pytest.mark.parametrize("name", ["lsq", "qat"])
-def test_root_level_parameter_regression(trained, digits, name):
+def test_root_level_parameter_regression(trained, digits_task, name):
     # NNI 3.0 crashes naming a root-level parameter (digits-transformer's `position`) when it
     # adds quantizer parameters to the optimizer; our evaluator keeps such parameters apart.
     model = trained("digits-transformer")
-    table = quantize(model, NNIQuantConfig(targets=("weight",), training_steps=2), name, evaluator=digits)
+    table = quantize(model, NNIQuantConfig(targets=("weight",), training_steps=2), name,
+                     evaluator=digits_task("digits-transformer"))
     assert table["encoder.layers.0.attn.query.weight"].kept_bits() == [8]
     assert table["position"].kept_bits() == [32]

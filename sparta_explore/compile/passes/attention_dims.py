@@ -223,7 +223,7 @@ def _narrow(gm: fx.GraphModule, graph: Graph, table: Table, site: Site, entries:
     return h - len(alive), 3 * size - 2 * len(alive) * width - len(alive) * vwidth
 
 
-@register_pass("attention_dims")
+@register_pass("attention_dims", cuts_channels=True)
 def attention_dims(graph: Graph, table: Table, options: PassOptions) -> PassResult:
     """Narrow every SDPA's heads to the features that can change its output (see the module docstring).
 

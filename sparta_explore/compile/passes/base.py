@@ -62,19 +62,27 @@ GraphPassFn = Callable[[Graph, Table, PassOptions], PassResult]
 
 @dataclass(frozen=True)
 class GraphPass:
-    """One registered pass: its name, phase ("graph" or "kernels"), function (None for kernel passes) and doc."""
+    """One registered pass: its name, phase ("graph" or "kernels"), function (None for kernel passes) and doc.
+
+    `cuts_channels`: the pass removes channels an op reads (or folds them into a bias). An op
+    whose input is quantized puts each input row on a grid scaled by the row's largest value,
+    over every channel, so such a pass would change that op's scales: `run_passes` skips it
+    for tables that quantize an op's input.
+    """
 
     name: str
     phase: str
     fn: GraphPassFn | None
     doc: str
+    cuts_channels: bool = False
 
 
 PASSES: dict[str, GraphPass] = {}
 PHASES = ("graph", "kernels")
 
 
-def register_pass(name: str, phase: str = "graph") -> Callable[[GraphPassFn], GraphPassFn]:
+def register_pass(name: str, phase: str = "graph", *, cuts_channels: bool = False
+                  ) -> Callable[[GraphPassFn], GraphPassFn]:
     """Register a graph pass under `name` (`pipeline.ORDER` says when it runs).
 
     Example:
@@ -87,7 +95,7 @@ def register_pass(name: str, phase: str = "graph") -> Callable[[GraphPassFn], Gr
     def add(fn: GraphPassFn) -> GraphPassFn:
         if name in PASSES:
             raise ValueError(f"pass {name!r} is already registered")
-        PASSES[name] = GraphPass(name, phase, fn, (fn.__doc__ or "").strip().splitlines()[0])
+        PASSES[name] = GraphPass(name, phase, fn, (fn.__doc__ or "").strip().splitlines()[0], cuts_channels)
         return fn
     return add
 

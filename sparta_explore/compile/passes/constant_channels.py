@@ -178,7 +178,7 @@ def _pruned_columns(tesa: TeSA | None, shape: tuple[int, ...], dead: torch.Tenso
     return tesa.prune(mask)
 
 
-@register_pass("constant_channels")
+@register_pass("constant_channels", cuts_channels=True)
 def constant_channels(graph: Graph, table: Table, options: PassOptions) -> PassResult:
     """Fold input-independent channels into their readers' biases, prune those weights, propagate again.
 

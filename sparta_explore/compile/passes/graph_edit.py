@@ -15,8 +15,7 @@ Example:
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -26,6 +25,7 @@ from torch import nn
 from sparta_explore.graph import Graph, rewritten
 from sparta_explore.module_tree import clone_module, set_module  # noqa: F401  (passes import them from here)
 from sparta_explore.tesa import TeSA
+from sparta_explore.tracing.copying import deep_copy
 
 
 def editable(graph: Graph) -> fx.GraphModule:
@@ -36,7 +36,7 @@ def editable(graph: Graph) -> fx.GraphModule:
         >>> editable(g).get_submodule("0") is g.module.get_submodule("0")     # doctest: +SKIP
         True
     """
-    gm = fx.GraphModule(graph.module, copy.deepcopy(graph.module.graph), class_name=type(graph.module).__name__)
+    gm = fx.GraphModule(graph.module, deep_copy(graph.module.graph), class_name=type(graph.module).__name__)
     gm.training = False
     return gm
 
@@ -88,9 +88,37 @@ def carried(table: Mapping[str, TeSA], new: Graph, renames: Mapping[str, str] | 
     for name, tesa in sorted(table.items(), key=lambda kv: kv[0] in renames):
         name = renames.get(name, name)
         info = new.tensors.get(name)
-        if info is not None and tesa.fits(info.shape):
-            out[name] = tesa
+        fitted = fitted_to(tesa, info.shape) if info is not None else None
+        if fitted is not None:
+            out[name] = fitted
     return out
+
+
+def fitted_to(tesa: TeSA, shape: Sequence[int]) -> TeSA | None:
+    """`tesa` for a tensor of `shape`: as is if it fits, or collapsed to size 1 along each dim where the sizes
+    differ and it says the same for every index (an activation's TeSA from a capture at another batch size);
+    None if it cannot describe such a tensor.
+
+    Example:
+        >>> fitted_to(TeSA.dense((8, 4), bits=8), (64, 4)).shape
+        (1, 4)
+        >>> fitted_to(TeSA.from_mask(torch.tensor([[1, 0], [0, 1]])), (3, 2)) is None
+        True
+    """
+    shape = tuple(shape)
+    if tesa.fits(shape):
+        return tesa
+    if len(shape) != len(tesa.shape):
+        return None
+    bits, fmt = tesa.bits, tesa.fmt
+    for dim, (have, want) in enumerate(zip(tesa.shape, shape)):
+        if have in (want, 1):
+            continue
+        first_bits, first_fmt = bits.narrow(dim, 0, 1), fmt.narrow(dim, 0, 1)
+        if not (torch.equal(bits, first_bits.expand_as(bits)) and torch.equal(fmt, first_fmt.expand_as(fmt))):
+            return None
+        bits, fmt = first_bits, first_fmt
+    return TeSA(bits.contiguous(), fmt.contiguous())
 
 
 class _Keeper(fx.Interpreter):

@@ -36,6 +36,7 @@ from sparta_explore.compile.passes import (  # noqa: F401  (each registers its p
     simplify,
 )
 from sparta_explore.compile.passes.base import PASSES, PassOptions, Table, declare_kernel_pass
+from sparta_explore.fake_quant import INT_BITS
 from sparta_explore.graph import Graph
 
 declare_kernel_pass("fuse_int8_pairs", "chained int8 linears run tile by tile where that measures faster")
@@ -69,6 +70,22 @@ def graph_pass_names(names: Sequence[str] | None = None) -> tuple[str, ...]:
     return tuple(name for name in ORDER if PASSES[name].phase == "graph" and name in wanted)
 
 
+def quantized_inputs(graph: Graph, table: Table) -> list[str]:
+    """The activations the table puts on an integer grid (what quantized ops read), by tensor name.
+
+    Example:
+        >>> quantized_inputs(graph, {"relu": TeSA.dense((8, 32), bits=8)})  # doctest: +SKIP
+        ['relu']
+    """
+    out = []
+    for name, tesa in table.items():
+        info = graph.tensors.get(name)
+        kept = tesa.kept_bits()
+        if info is not None and info.kind == "activation" and kept and max(kept) in INT_BITS:
+            out.append(name)
+    return out
+
+
 def run_passes(graph: Graph, table: Table, names: Sequence[str] | None = None,
                options: PassOptions | None = None, *, keep_graphs: bool = False
                ) -> tuple[Graph, Table, list[PassReport]]:
@@ -84,6 +101,13 @@ def run_passes(graph: Graph, table: Table, names: Sequence[str] | None = None,
     reports = []
     for name in graph_pass_names(names):
         start = time.perf_counter()
+        quantized = quantized_inputs(graph, table) if PASSES[name].cuts_channels else []
+        if quantized:
+            reports.append(PassReport(name, "skipped", {}, (
+                f"skipped: the table quantizes activations ({', '.join(quantized[:3])}"
+                f"{', ...' if len(quantized) > 3 else ''}): their grids are scaled over all their channels",),
+                time.perf_counter() - start, graph if keep_graphs else None))
+            continue
         result = PASSES[name].fn(graph, table, options)
         graph, table = result.graph, result.table
         reports.append(PassReport(name, result.summary(), dict(result.changes), tuple(result.notes),

@@ -158,7 +158,7 @@ class ShrinkWalk:
         return carried(out, new, self.renames)
 
 
-@register_pass("shrink")
+@register_pass("shrink", cuts_channels=True)
 def shrink(graph: Graph, table: Table, options: PassOptions) -> PassResult:
     """Cut out the channels, rows and heads the table prunes everywhere they flow (see the module docstring).
 
