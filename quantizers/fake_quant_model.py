@@ -26,7 +26,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -41,6 +40,7 @@ from sparta_explore.fake_quant import INT_BITS, fake_quantize_rows, quantized_li
 from sparta_explore.graph import Graph, capture  # noqa: F401  (capture: used by the docstring examples)
 from sparta_explore.masking import masked_copy
 from sparta_explore.tesa import MAX_BITS, TeSA
+from sparta_explore.tracing.copying import deep_copy
 
 WEIGHTED_TYPES: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
@@ -252,7 +252,7 @@ def reference_model(graph: Graph, model: nn.Module, table: Mapping[str, TeSA]) -
         >>> ref.get_submodule("0").weight.count_nonzero()
         tensor(2)
     """
-    gm = fx.GraphModule(masked_copy(model, table), copy.deepcopy(graph.fx_graph))
+    gm = fx.GraphModule(masked_copy(model, table), deep_copy(graph.fx_graph))
     return gm.eval()
 
 

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from sparta_explore.graph import Graph
+from sparta_explore.timing import interleaved_ms
 
 BUDGET_S = 0.25
 MAX_ROUNDS = 300
@@ -29,7 +30,6 @@ def alternating_ms(graph: Graph, modules: list[nn.Module], runs: int) -> list[fl
     Example:
         >>> dense_ms, compiled_ms = alternating_ms(graph, [graph.module, gm], runs=5)   # doctest: +SKIP
     """
-    times: list[list[float]] = [[] for _ in modules]
     with torch.inference_mode():
         t0 = time.perf_counter()
         for m in modules:  # warm-up: first calls build kernels for new sizes, fault in pages
@@ -37,9 +37,5 @@ def alternating_ms(graph: Graph, modules: list[nn.Module], runs: int) -> list[fl
         round_s = time.perf_counter() - t0
         # tiny models get more rounds (about a quarter second in all): their medians move with every call's overhead
         runs = max(3, runs, min(MAX_ROUNDS, int(BUDGET_S / max(round_s, 1e-6))))
-        for _ in range(runs):
-            for i, m in enumerate(modules):
-                t0 = time.perf_counter()
-                graph.run(m)
-                times[i].append((time.perf_counter() - t0) * 1e3)
+        times = interleaved_ms(modules, runs, tuple(graph.call_args), graph.call_kwargs)
     return [statistics.median(t) for t in times]
