@@ -31,6 +31,9 @@ def test_a_pruned_filter_carries_bn_shift_into_the_next_1x1_conv_bias():
 
 
 def test_a_padded_reader_gets_a_map_for_the_example_size():
+    # the depthwise weights decide whether a folded channel stays nonzero after BN and ReLU (and so needs its
+    # map): fixed here, not left to whatever the global generator holds after the tests before
+    torch.manual_seed(0)
     model = randomize_norms(nn.Sequential(nn.Conv2d(3, 6, 1, bias=False), nn.BatchNorm2d(6), nn.ReLU(),
                                           nn.Conv2d(6, 6, 3, padding=1, groups=6, bias=False), nn.BatchNorm2d(6),
                                           nn.ReLU(), nn.Conv2d(6, 4, 1)))  # expand -> depthwise (padded) -> project
