@@ -118,7 +118,10 @@ class CompiledModel(nn.Module):
         """
         ops = self.report
         cols = [c for c in ("op", "shape", "choice", "parts", "meas_ms", "dense_ms", "notes") if c in ops.columns]
-        parts = ["passes:", self.passes[["pass", "changed", "seconds"]].to_string(index=False),
+        passes = self.passes[["pass", "changed", "seconds", "notes"]].fillna("")
+        if not bool((passes["notes"] != "").any()):  # notes say why a pass was skipped or what it baked in
+            passes = passes.drop(columns="notes")
+        parts = ["passes:", passes.to_string(index=False),
                  "ops:", ops[cols].to_string(index=False) if len(ops) else "no pruned or quantized weighted ops",
                  "checks:", self.checks.to_string(index=False)]
         if self.guard is not None:

@@ -60,6 +60,7 @@ def test_compiled_quantized_model_matches_the_masked_quantized_model(bits, devic
         cm = compile(graph, propagated, config=CompileConfig(device=device, cache_dir=cache_dir, tune=False))
     table_checks = cm.checks[cm.checks["check"] != "ops"]
     assert bool(table_checks["passed"].all()) and float(table_checks["error"].max()) < 1e-4
+    assert "skipped: the table quantizes activations" in cm.summary()  # the user sees why
 
 
 def test_activation_bits_from_a_capture_at_another_batch_survive_the_passes(device, cache_dir):
