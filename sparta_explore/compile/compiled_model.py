@@ -157,14 +157,12 @@ class CompiledModel(nn.Module):
         """'argument 0 is float64, but this model was compiled for float32', per floating input of another dtype."""
         accepted = set(self.input_dtypes.values())
         wrong = []
-        for key, x in [*enumerate(args), *kwargs.items()]:
-            if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-                continue
+        for key, dtype in floating_dtypes(args, kwargs).items():
             want = {self.input_dtypes[key]} if key in self.input_dtypes else accepted  # a keyword fx flattened
-            if want and x.dtype not in want:
+            if want and dtype not in want:
                 label = f"argument {key}" if isinstance(key, int) else f"input {key!r}"
                 names = " or ".join(sorted(_dtype_name(d) for d in want))
-                wrong.append(f"{label} is {_dtype_name(x.dtype)}, but this model was compiled for {names}")
+                wrong.append(f"{label} is {_dtype_name(dtype)}, but this model was compiled for {names}")
         return wrong
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -110,15 +110,14 @@ def fitted_to(tesa: TeSA, shape: Sequence[int]) -> TeSA | None:
         return tesa
     if len(shape) != len(tesa.shape):
         return None
-    bits, fmt = tesa.bits, tesa.fmt
     for dim, (have, want) in enumerate(zip(tesa.shape, shape)):
         if have in (want, 1):
             continue
-        first_bits, first_fmt = bits.narrow(dim, 0, 1), fmt.narrow(dim, 0, 1)
-        if not (torch.equal(bits, first_bits.expand_as(bits)) and torch.equal(fmt, first_fmt.expand_as(fmt))):
+        first = tesa.select(dim, torch.zeros(1, dtype=torch.long))  # stays compact (no copy) where it already is
+        if not first.expand(tesa.shape).equals(tesa):
             return None
-        bits, fmt = first_bits, first_fmt
-    return TeSA(bits.contiguous(), fmt.contiguous())
+        tesa = first
+    return tesa
 
 
 class _Keeper(fx.Interpreter):

@@ -126,6 +126,15 @@ def _weighted(walk: ShrinkWalk, node: fx.Node) -> None:
     return None
 
 
+def _conv_rows_kept(walk: ShrinkWalk, node: fx.Node, module: nn.Conv2d, rows: torch.Tensor) -> None:
+    # a grouped or depthwise conv now computes `rows` of its outputs: its bias's TeSA, the counts, what it holds
+    if module.bias is not None:
+        walk.shrunk_weight(f"{node.target}.bias", rows, None)
+    walk.counts["ops shrunk"] += 1
+    walk.counts["channels removed"] += module.out_channels - len(rows)
+    walk.set_present(node, Present(1, rows, module.out_channels))
+
+
 def _grouped(walk: ShrinkWalk, node: fx.Node, module: nn.Conv2d) -> None:
     # a grouped conv stays grouped only if every group it keeps holds as many input channels and keeps as
     # many output rows as the others (the input's channels come in group order), and a group it drops
@@ -158,12 +167,7 @@ def _grouped(walk: ShrinkWalk, node: fx.Node, module: nn.Conv2d) -> None:
     if tesa is not None:  # the weight's dim 1 is per group: its TeSA is cut group by group, like the weight
         cut = lambda t: torch.cat([t[per_out[i]][:, per_in[i]] for i in kept])  # noqa: E731
         walk.entries[f"{node.target}.weight"] = TeSA(cut(tesa.bits), cut(tesa.fmt))
-    if module.bias is not None:
-        walk.shrunk_weight(f"{node.target}.bias", new_rows, None)
-    walk.counts["ops shrunk"] += 1
-    walk.counts["channels removed"] += module.out_channels - len(new_rows)
-    walk.set_present(node, Present(1, new_rows, module.out_channels))
-    return None
+    return _conv_rows_kept(walk, node, module, new_rows)
 
 
 def _depthwise(walk: ShrinkWalk, node: fx.Node, module: nn.Conv2d) -> None:
@@ -189,12 +193,7 @@ def _depthwise(walk: ShrinkWalk, node: fx.Node, module: nn.Conv2d) -> None:
     new.in_channels, new.out_channels, new.groups = len(p.index), len(rows), len(p.index)
     set_module(walk.gm, node.target, new)
     walk.shrunk_weight(f"{node.target}.weight", rows, None)
-    if module.bias is not None:
-        walk.shrunk_weight(f"{node.target}.bias", rows, None)
-    walk.counts["ops shrunk"] += 1
-    walk.counts["channels removed"] += module.out_channels - len(rows)
-    walk.set_present(node, Present(1, rows, module.out_channels))
-    return None
+    return _conv_rows_kept(walk, node, module, rows)
 
 
 @register_shrink_rule(*NORMS)
