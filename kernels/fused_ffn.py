@@ -25,12 +25,13 @@ import os
 import torch
 
 from sparta_explore.kernels import output_pool
-from sparta_explore.kernels.build import BuiltLibrary, build, load_library
+from sparta_explore.kernels.build import BuiltLibrary, KernelBuildError, build, load_library
 from sparta_explore.kernels.c_templates import c_text
 from sparta_explore.kernels.compiled_op import CompiledOp
 from sparta_explore.kernels.sparse_linear import Int8SparseLinear
 
 SYMBOL = "sparse_linear_int8"  # Int8SparseLinear's kernel name: its fused entry points are SYMBOL_*
+DRIVER_NAME = "fused_pair"  # the driver library (plain C: no vector code, so it builds for any x86-64 CPU)
 
 
 class _Layer(ctypes.Structure):
@@ -66,6 +67,7 @@ class FusedInt8Pair(CompiledOp):
     """
 
     exact_grad = False  # int8 kernels: rounding has no useful gradient
+    fallback_reason: str | None = None  # set when a copy could not bind the pair: the two ops then run in turn
 
     def __init__(self, first: Int8SparseLinear, second: Int8SparseLinear,
                  cache_dir: str | os.PathLike | None = None) -> None:
@@ -75,7 +77,7 @@ class FusedInt8Pair(CompiledOp):
             raise ValueError(f"cannot fuse: {why}")
         self.first, self.second = first, second
         self.in_features, self.out_features = first.in_features, second.out_features
-        self.built: BuiltLibrary = build(c_text("fused_driver.c"), "fused_pair", cache_dir=cache_dir)
+        self.built: BuiltLibrary = build(c_text("fused_driver.c"), DRIVER_NAME, cache_dir=cache_dir)
         self._bind(self.built.lib)
 
     @property
@@ -103,6 +105,8 @@ class FusedInt8Pair(CompiledOp):
                       op.out_features, packed_bytes)
 
     def _fast(self, x: torch.Tensor) -> torch.Tensor:
+        if self._fn is None:  # unbound (loaded without a compiler, or its ops rebuilt apart): one after the other
+            return self.second(self.first(x))
         pack_rows, pack_kmajor, unpack, run_a, run_b, bytes_a, bytes_b = self._entries
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).contiguous()
@@ -120,12 +124,21 @@ class FusedInt8Pair(CompiledOp):
         state = self.__dict__.copy()
         for key in ("_fn", "_entries"):
             state.pop(key, None)
-        state["built"] = self.built.detached()
+        state["built"] = None if self.built is None else self.built.detached()
         return state
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
-        self._bind(load_library(self.built.path))
+        self._fn, self.fallback_reason = None, None
+        why = "no driver library" if self.built is None else why_not_fusable(self.first, self.second)
+        if why is None:
+            try:
+                self._bind(load_library(self.built.path))
+                return
+            except (OSError, KernelBuildError) as e:
+                why = str(e)
+        self._fn = None
+        self.fallback_reason = f"pair not bound ({why}): its two ops run one after the other"
 
     def extra_repr(self) -> str:
         return f"{self.in_features}->{self.first.out_features}->{self.out_features}, tile={self.first._tile}"

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -58,11 +59,9 @@ class ImplicitConvLinear(SparseLinear):
                  **kwargs) -> None:
         _check_conv_matrix(weight, geometry)
         self.geometry = geometry
-        self._options = {k: v for k, v in kwargs.items() if k in ("block_rows", "activation", "cache_dir", "check")}
         super().__init__(weight, bias, kept, **kwargs)
 
     def _build(self, kept: np.ndarray, block_rows: int, cache_dir) -> None:
-        self.register_buffer("kept_mask", torch.from_numpy(kept.copy()))
         if self.geometry.windowed and self.tile.layout != "rows":  # windows are read one k at a time
             self.tile = dataclasses.replace(self.tile, layout="rows")
         super()._build(kept, block_rows, cache_dir)
@@ -75,10 +74,13 @@ class ImplicitConvLinear(SparseLinear):
         """(C, H, W) of the inputs the kernel was built for."""
         return (self.geometry.channels, *self.geometry.in_hw)
 
+    def _arguments(self, cache_dir: str | os.PathLike | None) -> tuple[tuple, dict]:
+        args, kwargs = super()._arguments(cache_dir)
+        return (*args, self.geometry), kwargs
+
     def for_input(self, in_hw: tuple[int, int]) -> ImplicitConvLinear:
         """The same pattern, tiling and fusion built for inputs of `in_hw` pixels."""
-        return ImplicitConvLinear(self.weight, self.bias, self.kept_mask, _resized(self.geometry, in_hw),
-                                  tile=self.tile, expected_m=self.expected_m, **self._options)
+        return _for_input(self, in_hw)
 
     def _check_input(self, g: torch.Generator) -> torch.Tensor:
         """Random images covering at least two tiles and a ragged one."""
@@ -122,11 +124,9 @@ class Int8ConvLinear(Int8SparseLinear):
         if geometry.stride != (1, 1):
             raise ValueError(f"int8 conv kernels run stride-1 convolutions, got stride {geometry.stride}")
         self.geometry = geometry
-        self._options = {k: v for k, v in kwargs.items() if k != "expected_m"}
         super().__init__(weight, bias, kept, **kwargs)
 
     def _kernel_matrix(self, weight: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        self.register_buffer("kept_mask", torch.from_numpy(kept.copy()))
         return self.geometry.channels_inner(weight), self.geometry.channels_inner(kept)
 
     def _kernel_io(self, tile_rows: int, variant: str) -> KernelIO:
@@ -136,10 +136,13 @@ class Int8ConvLinear(Int8SparseLinear):
     in_shape = ImplicitConvLinear.in_shape
     _check_input = ImplicitConvLinear._check_input
 
+    def _arguments(self, cache_dir: str | os.PathLike | None) -> tuple[tuple, dict]:
+        args, kwargs = super()._arguments(cache_dir)
+        return (*args, self.geometry), kwargs
+
     def for_input(self, in_hw: tuple[int, int]) -> Int8ConvLinear:
         """The same pattern, grids and fusion built for inputs of `in_hw` pixels."""
-        return Int8ConvLinear(self.weight, self.bias, self.kept_mask, _resized(self.geometry, in_hw),
-                              expected_m=self.expected_m, **self._options)
+        return _for_input(self, in_hw)
 
     def _fast(self, x: torch.Tensor) -> torch.Tensor:
         _check_conv_input(self, x)
@@ -176,6 +179,11 @@ def _check_conv_input(op: KernelLinear, x: torch.Tensor) -> None:
 
 def _resized(g: ConvGeometry, in_hw: tuple[int, int]) -> ConvGeometry:
     return ConvGeometry(g.channels, (int(in_hw[0]), int(in_hw[1])), g.kernel, g.stride, g.padding, g.dilation)
+
+
+def _for_input(op: ImplicitConvLinear | Int8ConvLinear, in_hw: tuple[int, int]) -> KernelLinear:
+    (*args, geometry), kwargs = op._arguments(op.cache_dir)
+    return type(op)(*args, _resized(geometry, in_hw), **kwargs)
 
 
 CONV_KERNELS = (ImplicitConvLinear, Int8ConvLinear)  # linears that run the convolution themselves

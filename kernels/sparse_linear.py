@@ -98,6 +98,12 @@ class KernelLinear(CompiledOp):
         self.register_buffer("weight", masked)
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         self.density = float(kept.float().mean())
+        kept_np = kept.cpu().numpy().astype(bool)
+        # the pattern (one bit per weight, not a buffer: no weight bytes counted) and where kernels are cached:
+        # what `rebuilt` needs to generate the op again for another machine
+        self.kept_bits = torch.from_numpy(np.packbits(kept_np.reshape(-1)))
+        self.block_rows = max(1, int(block_rows))
+        self.cache_dir = cache_dir
         self.fallback_reason: str | None = None
         self.built: BuiltLibrary | None = None
         self._fn = None
@@ -111,7 +117,7 @@ class KernelLinear(CompiledOp):
         self.tile = tile
         self.expected_m = int(expected_m)
         try:
-            self._build(kept.cpu().numpy().astype(bool), max(1, int(block_rows)), cache_dir)
+            self._build(kept_np, self.block_rows, cache_dir)
             if check:
                 self._check()
         except (KernelBuildError, OSError, AssertionError, ValueError) as e:
@@ -119,6 +125,31 @@ class KernelLinear(CompiledOp):
             self._fn = None
             warnings.warn(f"{type(self).__name__} {self.out_features}x{self.in_features}: kernel unusable ({e}); "
                           "running the reference op", KernelFallbackWarning, stacklevel=2)
+
+    @property
+    def kept(self) -> torch.Tensor:
+        """The bool mask of kept weights the kernel was generated for, (out_features, in_features)."""
+        n = self.out_features * self.in_features
+        return torch.from_numpy(np.unpackbits(self.kept_bits.numpy(), count=n).astype(bool)).reshape(
+            self.out_features, self.in_features)
+
+    def _arguments(self, cache_dir: str | os.PathLike | None) -> tuple[tuple, dict]:
+        """The constructor arguments that generate this op again (tile and fusion as chosen, no search)."""
+        return (self.weight, self.bias, self.kept), {"block_rows": self.block_rows, "activation": self.activation,
+                                                     "cache_dir": cache_dir, "tile": self.tile,
+                                                     "expected_m": self.expected_m}
+
+    def rebuilt(self, cache_dir: str | os.PathLike | None = None) -> KernelLinear:
+        """The same op generated and built again for this machine (a saved model loaded where the ISA differs).
+
+        Example:
+            >>> sl.rebuilt().tile == sl.tile  # doctest: +SKIP
+            True
+        """
+        args, kwargs = self._arguments(cache_dir)
+        op = type(self)(*args, **kwargs)
+        op.label = self.label
+        return op
 
     def _check_input(self, g: torch.Generator) -> torch.Tensor:
         """A random input covering two whole tiles and a ragged one."""
@@ -147,7 +178,7 @@ class KernelLinear(CompiledOp):
         state.pop("_library_path", None)  # written by older versions
         super().__setstate__(state)
         self._fn = None
-        if not bound or self.built is None:
+        if not bound or self.built is None or self.fallback_reason is not None:
             return
         try:
             self._bind(load_library(self.built.path))
@@ -261,6 +292,7 @@ class Int8SparseLinear(KernelLinear):
         qmax(weight_bits)
         qmax(act_bits)
         self.weight_bits, self.act_bits = int(weight_bits), int(act_bits)
+        self.dot_request = dot  # as asked ("auto": this CPU's); `dot` is what was built
         self.dot = _resolve_dot(dot, emulate_dot)
         self.emulate_dot = bool(emulate_dot)
         self.variant = "reference"
@@ -274,6 +306,12 @@ class Int8SparseLinear(KernelLinear):
         if self.variant == "vnni" and self.dot is not None:
             return self.dot.name + (" (emulated)" if self.emulate_dot else "")
         return self.variant if self.variant == "reference" else f"avx2 {self.variant}"
+
+    def _arguments(self, cache_dir: str | os.PathLike | None) -> tuple[tuple, dict]:
+        args, kwargs = super()._arguments(cache_dir)
+        del kwargs["tile"]  # integer kernels tile by their instruction path, not by a TileConfig
+        return args, {**kwargs, "weight_bits": self.weight_bits, "act_bits": self.act_bits, "dot": self.dot_request,
+                      "emulate_dot": self.emulate_dot}
 
     def _kernel_matrix(self, weight: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The (weight, kept) the kernel multiplies, its k in packing order: the linear's own here."""

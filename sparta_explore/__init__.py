@@ -10,6 +10,7 @@ Example:
     >>> print(table.summary())                            # doctest: +SKIP
     >>> cm = se.compile(model, se.propagate(g, table), (x,))  # doctest: +SKIP
     >>> print(se.measure(cm, (x,)).median_ms)             # doctest: +SKIP
+    >>> cm.save("model.sparta"); cm = se.load("model.sparta")  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -32,9 +33,15 @@ _LAZY_SUBMODULES = ("pruners", "quantizers", "kernels", "zoo", "cli", "compile",
                     "explore")
 
 
+# Functions of stages loaded on first use: se.load("model.sparta"), se.save(cm, "model.sparta")
+_LAZY_FUNCTIONS = {"load": "sparta_explore.compile.package.load", "save": "sparta_explore.compile.package.save"}
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY_SUBMODULES:
         return importlib.import_module(f"sparta_explore.{name}")
+    if name in _LAZY_FUNCTIONS:
+        return getattr(importlib.import_module(_LAZY_FUNCTIONS[name]), name)
     raise AttributeError(f"module 'sparta_explore' has no attribute {name!r}")
 
 

@@ -57,3 +57,11 @@ class FileFormatError(SpartaError, ValueError):
     Example:
         FileFormatError: results/t.npz is not a readable TeSA table: not a zip archive (truncated or not an .npz)
     """
+
+
+class PackageError(SpartaError, ValueError):
+    """A saved package could not be written or read; the message names the file (or the object) and what is wrong.
+
+    Example:
+        PackageError: bert.sparta: file 'tensors.safetensors' is corrupt (its SHA-256 differs from the manifest's)
+    """

@@ -60,6 +60,7 @@ class Graph:
     call_args: tuple = ()
     call_kwargs: dict[str, Any] = field(default_factory=dict)
     method: str = "fx"
+    notes: tuple[str, ...] = ()  # what capture changed to trace the model (e.g. a KV cache switched off)
 
     @property
     def fx_graph(self) -> fx.Graph:
@@ -163,8 +164,10 @@ def _export(model: Any, args: tuple, kwargs: dict) -> fx.GraphModule:
     try:
         return export_graph_module(model, args, kwargs)
     except Exception as e:  # export raises many types (UserError, GuardOnDataDependentSymNode, ...)
+        hint = (" A KV cache is not a graph output: pass use_cache=False (or leave it out: capture switches a "
+                "config's use_cache off by itself)." if "Cache" in str(e) else "")
         raise CaptureError(f"torch.export could not capture {type(model).__name__}: {type(e).__name__}: "
-                           f"{_first_line(e)}. Fix: make the forward exportable (no data-dependent Python "
+                           f"{_first_line(e)}.{hint} Fix: make the forward exportable (no data-dependent Python "
                            "control flow), or capture with method='fx' and leaf_modules") from None
 
 
@@ -211,6 +214,7 @@ def capture(model: nn.Module | fx.GraphModule | torch.export.ExportedProgram, ex
         (['_0', '_1'], 'fx')
     """
     from sparta_explore.tracing.inputs import as_call, flat_inputs
+    from sparta_explore.tracing.kv_cache import kv_cache_off
 
     if method not in METHODS:
         raise CaptureError(f"method must be one of {list(METHODS)}, got {method!r}")
@@ -218,16 +222,17 @@ def capture(model: nn.Module | fx.GraphModule | torch.export.ExportedProgram, ex
         raise CaptureError(f"capture needs an nn.Module, a GraphModule or an ExportedProgram, got "
                            f"{type(model).__name__}")
     args, call_kwargs = as_call(example_inputs, kwargs)
-    gm, used = _trace(model, args, call_kwargs, method, leaf_modules, concrete_args)
-    root = model if isinstance(model, nn.Module) and used in ("fx", "export") else gm
-    flat = flat_inputs(root if used == "fx" else gm, gm, args, call_kwargs)
-    call_args, call_kw = (args, call_kwargs) if used == "export" else (flat, {})
-    return _describe(gm, root, source=gm if used == "export" else root, flat=flat, call_args=tuple(call_args),
-                     call_kwargs=dict(call_kw), method=used)
+    with kv_cache_off(model) as note:
+        gm, used = _trace(model, args, call_kwargs, method, leaf_modules, concrete_args)
+        root = model if isinstance(model, nn.Module) and used in ("fx", "export") else gm
+        flat = flat_inputs(root if used == "fx" else gm, gm, args, call_kwargs)
+        call_args, call_kw = (args, call_kwargs) if used == "export" else (flat, {})
+        return _describe(gm, root, source=gm if used == "export" else root, flat=flat, call_args=tuple(call_args),
+                         call_kwargs=dict(call_kw), method=used, notes=() if note is None else (note,))
 
 
 def _describe(gm: fx.GraphModule, root: nn.Module, *, source: nn.Module, flat: tuple, call_args: tuple,
-              call_kwargs: dict, method: str) -> Graph:
+              call_kwargs: dict, method: str, notes: tuple[str, ...] = ()) -> Graph:
     """Run `gm` once on `flat` (eval mode, no grad) and record every tensor's shape: the `Graph` of `gm`."""
     from sparta_explore.tracing.inputs import set_mode
 
@@ -270,7 +275,7 @@ def _describe(gm: fx.GraphModule, root: nn.Module, *, source: nn.Module, flat: t
     return Graph(module=gm, root=root, tensors=tensors, inputs=[n.name for n in placeholders],
                  outputs=_output_names(fx_graph), aliases=aliases, attr_nodes=attr_nodes, constants=constants,
                  tuple_shapes=tuple_shapes, example_inputs=flat, call_args=call_args,
-                 call_kwargs=call_kwargs, method=method)
+                 call_kwargs=call_kwargs, method=method, notes=notes)
 
 
 def rewritten(graph: Graph, gm: fx.GraphModule) -> Graph:
@@ -283,7 +288,7 @@ def rewritten(graph: Graph, gm: fx.GraphModule) -> Graph:
         >>> g2 = rewritten(g, fx.GraphModule(g.module, g.module.graph))  # doctest: +SKIP
     """
     return _describe(gm, gm, source=gm, flat=graph.example_inputs, call_args=graph.call_args,
-                     call_kwargs=graph.call_kwargs, method=graph.method)
+                     call_kwargs=graph.call_kwargs, method=graph.method, notes=graph.notes)
 
 
 def _is_constant(value: Any) -> bool:

@@ -17,6 +17,7 @@ import zipfile
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import pandas as pd
@@ -163,7 +164,14 @@ class TeSATable(MutableMapping[str, TeSA]):
         Example:
             >>> t.save("table.npz")  # doctest: +SKIP
         """
-        path = Path(path)
+        return atomic_write(Path(path), self.write)
+
+    def write(self, f: IO[bytes]) -> None:
+        """Write the table as `save` does, to an open binary file (a saved model's package holds it so).
+
+        Example:
+            >>> import io; buf = io.BytesIO(); t.write(buf)  # doctest: +SKIP
+        """
         names = list(self._entries)
         header = {"format": FILE_FORMAT, "version": FILE_VERSION, "names": names,
                   "shapes": None if self._shapes is None else {k: list(v) for k, v in self._shapes.items()}}
@@ -171,10 +179,10 @@ class TeSATable(MutableMapping[str, TeSA]):
         for i, name in enumerate(names):
             arrays[f"bits_{i}"] = self._entries[name].bits.numpy()
             arrays[f"fmt_{i}"] = self._entries[name].fmt.numpy()
-        return atomic_write(path, lambda f: np.savez_compressed(f, **arrays))
+        np.savez_compressed(f, **arrays)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> TeSATable:
+    def load(cls, path: str | os.PathLike | IO[bytes]) -> TeSATable:
         """Read a table written by `save`; never unpickles (object arrays are refused).
 
         Anything that is not such a table (missing, empty, truncated, corrupted, a foreign
@@ -184,8 +192,8 @@ class TeSATable(MutableMapping[str, TeSA]):
         Example:
             >>> TeSATable.load("table.npz")  # doctest: +SKIP
         """
-        path = Path(path)
-        if not path.is_file():
+        path = path if hasattr(path, "read") else Path(path)
+        if isinstance(path, Path) and not path.is_file():
             raise FileFormatError(f"{path} is not a readable TeSA table: no such file")
         try:
             header, entries = _read_npz(path)
@@ -220,9 +228,13 @@ def _why(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def _read_npz(path: Path) -> tuple[dict, dict[str, TeSA]]:
-    with open(path, "rb") as f:
-        magic = f.read(4)
+def _read_npz(path: Path | IO[bytes]) -> tuple[dict, dict[str, TeSA]]:
+    if isinstance(path, Path):
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    else:
+        magic = path.read(4)
+        path.seek(0)
     if not magic:
         raise _NotATable("the file is empty")
     if magic[:2] != b"PK":

@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Mapping
+from typing import Any
 
 import torch
+import torch.fx as fx
 from torch import nn
 
 from sparta_explore.compile.lowering import LowerContext, lower
 from sparta_explore.device import fastest_ms
+from sparta_explore.graph import Graph
 from sparta_explore.plan import Candidate, OpPlan
 from sparta_explore.plan.execution_plan import FP32, ORIGINAL
+from sparta_explore.plan.sites import OUT_IN
 
 # Allowed max |compiled - reference| relative to (1 + max |reference|), by the narrowest bits involved:
 # fp32 kernels differ from MKL only in summation order; int8 ones can flip one rounding step of a
@@ -133,3 +138,43 @@ def choose(op: OpPlan, ctx: LowerContext, x: torch.Tensor, mode: str, runs: int,
     return built[op.chosen]
 
 
+
+
+class _InputRecorder(fx.Interpreter):
+    """Runs the graph once and keeps the activation each planned op reads."""
+
+    def __init__(self, gm: fx.GraphModule, wanted: Mapping[str, int]) -> None:
+        super().__init__(gm)
+        self.wanted, self.seen = wanted, {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        if n.name in self.wanted:
+            args, _ = self.fetch_args_kwargs_from_env(n)
+            self.seen[n.name] = args[self.wanted[n.name]].detach()
+        return super().run_node(n)
+
+
+def record_inputs(graph: Graph, ops: list[OpPlan]) -> dict[str, torch.Tensor]:
+    """The input each op of `ops` reads when `graph` runs its example inputs (what candidates are checked and timed on).
+
+    Example:
+        >>> record_inputs(graph, list(plan.ops.values()))["fc1"].shape  # doctest: +SKIP
+        torch.Size([64, 784])
+    """
+    recorder = _InputRecorder(graph.module, {op.op: op.site.input_index for op in ops})
+    with torch.inference_mode():
+        recorder.run(*graph.example_inputs)
+    return recorder.seen
+
+
+def same_as_masked(op: OpPlan) -> bool:
+    """Whether the chosen candidate computes exactly the site's own masked module (dense, fp32, fp32 input).
+
+    Example:
+        >>> same_as_masked(op)  # doctest: +SKIP
+        False
+    """
+    if op.chosen != "dense" or op.activation_node is not None:
+        return False
+    part = op.candidate("dense").parts[0]
+    return part.weight_bits == FP32 and part.act_bits == FP32 and op.site.layout == OUT_IN

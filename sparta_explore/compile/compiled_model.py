@@ -7,9 +7,11 @@ Example:
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -19,6 +21,7 @@ from torch import nn
 from torch.nn.modules import module as _module
 
 from sparta_explore.compile.choose import CompileWarning
+from sparta_explore.compile.record import CompileRecord, summary_text
 from sparta_explore.errors import InputDtypeError
 from sparta_explore.plan import ExecutionPlan
 from sparta_explore.tracing.inputs import set_mode
@@ -79,13 +82,15 @@ class CompiledModel(nn.Module):
         >>> cm = compile(model, table, (x,)); y = cm(x)  # doctest: +SKIP
     """
 
-    def __init__(self, module: fx.GraphModule, plan: ExecutionPlan, checks: pd.DataFrame, seconds: float,
+    def __init__(self, module: fx.GraphModule, plan: ExecutionPlan | None, checks: pd.DataFrame, seconds: float,
                  unread: list[str], fp32_error: float, passes: pd.DataFrame | None = None,
                  guard: dict | None = None, size_guard: SizeGuard | None = None,
-                 input_dtypes: Mapping[int | str, torch.dtype] | None = None) -> None:
+                 input_dtypes: Mapping[int | str, torch.dtype] | None = None, *, record: CompileRecord | None = None
+                 ) -> None:
         super().__init__()
         self.module = module
         self.plan = plan
+        self.record = record or CompileRecord()
         self.checks = checks
         self.seconds = seconds
         self.unread = unread
@@ -108,7 +113,18 @@ class CompiledModel(nn.Module):
 
     @property
     def report(self) -> pd.DataFrame:
-        return self.plan.table()
+        """One row per planned op: its shape, candidates, choice, measured and dense times, notes."""
+        return self.plan.table() if self.plan is not None else self.record.report
+
+    def save(self, path: str | os.PathLike, **options: Any) -> Path:
+        """Write this model as one package file (`sparta_explore.compile.package.save`); returns its path.
+
+        Example:
+            >>> cm.save("bert.sparta"); cm2 = se.load("bert.sparta")   # doctest: +SKIP
+        """
+        from sparta_explore.compile.package.save import save
+
+        return save(self, path, **options)
 
     def summary(self) -> str:
         """Passes, per-op choices and checks as plain text (every column shown, whatever pandas' display width).
@@ -116,18 +132,7 @@ class CompiledModel(nn.Module):
         Example:
             >>> print(cm.summary())   # doctest: +SKIP
         """
-        ops = self.report
-        cols = [c for c in ("op", "shape", "choice", "parts", "meas_ms", "dense_ms", "notes") if c in ops.columns]
-        passes = self.passes[["pass", "changed", "seconds", "notes"]].fillna("")
-        if not bool((passes["notes"] != "").any()):  # notes say why a pass was skipped or what it baked in
-            passes = passes.drop(columns="notes")
-        parts = ["passes:", passes.to_string(index=False),
-                 "ops:", ops[cols].to_string(index=False) if len(ops) else "no pruned or quantized weighted ops",
-                 "checks:", self.checks.to_string(index=False)]
-        if self.guard is not None:
-            parts += ["whole model:", ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
-                                                 for k, v in self.guard.items())]
-        return "\n".join(parts)
+        return summary_text(self.report, self.passes, self.checks, self.guard, self.record.notes)
 
     def train(self, mode: bool = True) -> CompiledModel:
         # an exported module refuses train()/eval(): its dropout mode was fixed at export

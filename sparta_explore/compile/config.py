@@ -40,6 +40,10 @@ class CompileConfig:
       `()`: none). `sparta_explore.compile.passes.base.PASSES` lists them.
     * `guard`: time the whole compiled model against the dense model once; if it is
       slower, run the faster of it and the model masked with the table (`compile/guard.py`).
+    * `inplace`: swap the kernels into the model's own module tree and return the model
+      itself (its `generate`, `config` and hooks keep working); graph passes and kernel
+      fusions are skipped, and the report says so (`compile/inplace.py`). The model's pruned
+      weights are zeroed in place: keep a copy if you need the dense one.
     """
 
     choose: str = "measured"
@@ -52,6 +56,7 @@ class CompileConfig:
     fuse: bool = True
     passes: tuple[str, ...] | None = None
     guard: bool = True
+    inplace: bool = False
 
     def __post_init__(self) -> None:
         if self.passes is not None:

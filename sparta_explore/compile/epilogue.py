@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import operator
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,7 +44,8 @@ class Act:
 
 
 def _hardtanh(lo: float, hi: float) -> Act:
-    return Act(f"hardtanh({lo:g},{hi:g})", lambda y: y.clamp_(lo, hi), lambda y: y.clamp(lo, hi))
+    lo, hi = float(lo), float(hi)  # the name holds them exactly: a saved model rebuilds the step from it
+    return Act(f"hardtanh({lo!r},{hi!r})", lambda y: y.clamp_(lo, hi), lambda y: y.clamp(lo, hi))
 
 
 def _gelu(approximate: str) -> Act:
@@ -56,6 +58,25 @@ SILU = Act("silu", lambda y: F.silu(y, inplace=True), F.silu)
 HARDSWISH = Act("hardswish", lambda y: F.hardswish(y, inplace=True), F.hardswish)
 SIGMOID = Act("sigmoid", torch.sigmoid_, torch.sigmoid)
 TANH = Act("tanh", torch.tanh_, torch.tanh)
+_FIXED = {a.name: a for a in (RELU, SILU, HARDSWISH, SIGMOID, TANH)}
+_WITH_ARGUMENTS = ((re.compile(r"hardtanh\((\S+),(\S+)\)"), lambda lo, hi: _hardtanh(float(lo), float(hi))),
+                   (re.compile(r"gelu\((none|tanh)\)"), _gelu))
+
+
+def act_named(name: str) -> Act:
+    """The epilogue activation called `name` (`Act.name`): how a saved model rebuilds its fused steps.
+
+    Example:
+        >>> act_named("hardtanh(0.0,6.0)").outofplace(torch.tensor([7.0])).tolist()
+        [6.0]
+    """
+    if name in _FIXED:
+        return _FIXED[name]
+    for pattern, make in _WITH_ARGUMENTS:
+        found = pattern.fullmatch(name)
+        if found:
+            return make(*found.groups())
+    raise ValueError(f"no epilogue activation is called {name!r}")
 
 
 def _arg(node: fx.Node, i: int, name: str, default: object) -> object:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import copy
 import time
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,18 +38,19 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from sparta_explore.compile.choose import TOLERANCE, CompileWarning, choose, narrowest
-from sparta_explore.compile.compiled_model import CompiledModel, SizeGuard, floating_dtypes
+from sparta_explore.compile.choose import TOLERANCE, choose, narrowest, record_inputs, same_as_masked
+from sparta_explore.compile.compiled_model import CompiledModel, CompileRecord, SizeGuard, floating_dtypes
 from sparta_explore.compile.config import CompileConfig
 from sparta_explore.compile.epilogue import fuse_epilogues
 from sparta_explore.compile.guard import guarded
+from sparta_explore.compile.inplace import check_not_compiled, compile_in_place
 from sparta_explore.compile.int8_pairs import fuse_pairs
 from sparta_explore.compile.lowering import LowerContext
 from sparta_explore.compile.passes.base import PassOptions
 from sparta_explore.compile.passes.constant_channels import SIZE_SPECIALIZED
 from sparta_explore.compile.passes.graph_edit import editable
 from sparta_explore.compile.passes.pipeline import PassReport, run_passes
-from sparta_explore.compile.table_reference import split_unread, table_reference
+from sparta_explore.compile.table_reference import split_unread, table_reference, unwrap_table, warn_if_dense
 from sparta_explore.compile.verify import check_row, model_error, verified_module
 from sparta_explore.device import DeviceProfile
 from sparta_explore.errors import SpartaError
@@ -60,32 +60,11 @@ from sparta_explore.masking import apply_table
 from sparta_explore.plan import ExecutionPlan, OpPlan
 from sparta_explore.plan import plan as make_plan
 from sparta_explore.plan.execution_plan import FP32, ORIGINAL
-from sparta_explore.plan.sites import OUT_IN, replace_site
+from sparta_explore.plan.sites import replace_site
 from sparta_explore.tesa import TeSA
 from sparta_explore.tracing.copying import deep_copy
 
 __all__ = ["CompileConfig", "CompiledModel", "compile"]
-
-
-class _InputRecorder(fx.Interpreter):
-    """Runs the graph once and keeps the activation each planned op reads."""
-
-    def __init__(self, gm: fx.GraphModule, wanted: Mapping[str, int]) -> None:
-        super().__init__(gm)
-        self.wanted, self.seen = wanted, {}
-
-    def run_node(self, n: fx.Node) -> Any:
-        if n.name in self.wanted:
-            args, _ = self.fetch_args_kwargs_from_env(n)
-            self.seen[n.name] = args[self.wanted[n.name]].detach()
-        return super().run_node(n)
-
-
-def _record_inputs(graph: Graph, ops: list[OpPlan]) -> dict[str, torch.Tensor]:
-    recorder = _InputRecorder(graph.module, {op.op: op.site.input_index for op in ops})
-    with torch.inference_mode():
-        recorder.run(*graph.example_inputs)
-    return recorder.seen
 
 
 def _swap(gm: fx.GraphModule, op: OpPlan, module: nn.Module) -> None:
@@ -97,23 +76,6 @@ def _swap(gm: fx.GraphModule, op: OpPlan, module: nn.Module) -> None:
         gm.graph.erase_node(act)
 
 
-def _unwrap_table(table: Any) -> tuple[Mapping[str, TeSA], Mapping[str, TeSA] | None]:
-    from sparta_explore.propagation.report import PropagationResult
-
-    if isinstance(table, PropagationResult):
-        return table.table, table.input_table
-    return table, None
-
-
-def _warn_if_dense(table: Mapping[str, TeSA]) -> None:
-    """One `CompileWarning` when no TeSA prunes or quantizes anything: compile then has nothing to speed up."""
-    if any(set(tesa.bit_histogram()) - {FP32} for tesa in table.values()):
-        return
-    warnings.warn(f"nothing in the table is pruned or quantized (all {len(table)} TeSAs dense fp32), so no op gets "
-                  "a kernel: the compiled model is the model as given (at most rewritten by the graph passes, e.g. "
-                  "BatchNorm folded, which keep its results)", CompileWarning, stacklevel=3)
-
-
 def _pass_frame(reports: list[PassReport], kernel_rows: list[dict]) -> pd.DataFrame:
     rows = [{"pass": r.name, "changed": r.summary, "seconds": round(r.seconds, 3), "notes": "; ".join(r.notes)}
             for r in reports]
@@ -123,7 +85,7 @@ def _pass_frame(reports: list[PassReport], kernel_rows: list[dict]) -> pd.DataFr
 def _choose_all(working: Graph, execution: ExecutionPlan, config: CompileConfig) -> dict[str, nn.Module]:
     """Build, check and time every planned op's candidates on its recorded input; the chosen modules by op."""
     planned = list(execution.ops.values())
-    op_inputs = _record_inputs(working, planned)
+    op_inputs = record_inputs(working, planned)
     compiled: dict[str, nn.Module] = {}
     for op in planned:
         if op.site.module_target is not None and len(working.module_nodes(op.site.module_target)) > 1:
@@ -137,7 +99,7 @@ def _choose_all(working: Graph, execution: ExecutionPlan, config: CompileConfig)
         ctx = LowerContext(module, op.activation, op.m, config.cache_dir, tune=False,
                            in_shape=tuple(op_inputs[op.op].shape))
         module = choose(op, ctx, op_inputs[op.op], config.choose, config.runs, tune=config.tune)
-        if module is not None and _same_as_masked(op) and op.site.module_target is not None:
+        if module is not None and same_as_masked(op) and op.site.module_target is not None:
             op.notes.append("dense fp32 chosen: the op's own masked module stays (no wrapper)")
         elif module is not None:
             module.label = op.op
@@ -148,14 +110,6 @@ def _choose_all(working: Graph, execution: ExecutionPlan, config: CompileConfig)
     if config.fuse and config.runs_pass("fuse_int8_pairs") and config.choose == "measured":
         fuse_pairs(working.module, planned, compiled, op_inputs, config.runs, config.cache_dir)
     return compiled
-
-
-def _same_as_masked(op: OpPlan) -> bool:
-    """Whether the chosen candidate computes exactly the site's own masked module (dense, fp32, fp32 input)."""
-    if op.chosen != "dense" or op.activation_node is not None:
-        return False
-    part = op.candidate("dense").parts[0]
-    return part.weight_bits == FP32 and part.act_bits == FP32 and op.site.layout == OUT_IN
 
 
 def _channels_last(module: nn.Module) -> bool:
@@ -185,14 +139,16 @@ def _size_guard(graph: Graph, gm: fx.GraphModule, fallback: nn.Module) -> SizeGu
 
 
 def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, config: CompileConfig | None = None,
-            *, plan: ExecutionPlan | None = None, **options: Any) -> CompiledModel:
+            *, plan: ExecutionPlan | None = None, **options: Any) -> CompiledModel | nn.Module:
     """Compile a model (or its `Graph`) with the pruning and bits of `table`; see the module docstring.
 
     `table` is a TeSA mapping or a `PropagationResult` (then both tables are verified).
     `example_inputs` default to the graph's; a model is captured once on them
     (`capture`'s "auto" method). `config` (`CompileConfig`) holds every option; keyword
     `options` override its fields (`compile(model, table, x, tune=False)`). A given `plan`
-    is copied, never edited. `model` itself is not modified.
+    is copied, never edited. `model` itself is not modified, unless `config.inplace`: then
+    the kernels go into `model`'s own module tree and `model` is returned
+    (`compile/inplace.py`).
 
     Example:
         >>> cm = compile(model, table, (x,))   # doctest: +SKIP
@@ -201,10 +157,16 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
     """
     config = (config or CompileConfig()).with_options(**options)
     start = time.perf_counter()
+    if config.inplace:
+        check_not_compiled(model.root if isinstance(model, Graph) else model)
     graph = model if isinstance(model, Graph) else capture(model, example_inputs)
+    if config.inplace:  # the user's own module tree gets the kernels (their model is returned)
+        if isinstance(model, Graph) and example_inputs is not None:
+            graph = capture(graph.root, example_inputs)
+        return compile_in_place(graph.root, graph, table, config, plan)
     if isinstance(model, Graph) and example_inputs is not None:
         graph = capture(graph.module, example_inputs, method="graph_module")  # same module, other inputs
-    table, input_table = _unwrap_table(table)
+    table, input_table = unwrap_table(table)
     kernels = config.kernels
     if not compiler_available():  # one warning, then PyTorch's own kernels only
         warn_compiler_missing()
@@ -214,7 +176,7 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
     gm = deep_copy(graph.module)
     usable, _ = split_unread(graph, gm, table)
     if plan is None:  # after the names are checked: a table naming nothing of the model is an error, no warning
-        _warn_if_dense(table)
+        warn_if_dense(table)
     apply_table(gm, usable)
     working = rewritten(graph, gm)
     names = () if plan is not None else config.graph_passes()
@@ -263,6 +225,8 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
                 run = gm
     fp32_error = model_error(graph, run, table_reference(graph, table, grids=False)[0])
     size_guard = _size_guard(graph, run, fallback) if run is not fallback else None
+    kept = CompileRecord(graph=graph, table=usable, input_table=input_table,
+                         example=(tuple(graph.call_args), dict(graph.call_kwargs)), tolerance=tol)
     return CompiledModel(run, execution, pd.DataFrame(rows), time.perf_counter() - start, unread, fp32_error,
                          passes=_pass_frame(reports, kernel_rows), guard=record, size_guard=size_guard,
-                         input_dtypes=floating_dtypes(graph.call_args, graph.call_kwargs))
+                         input_dtypes=floating_dtypes(graph.call_args, graph.call_kwargs), record=kept)

@@ -16,7 +16,9 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -28,6 +30,7 @@ from sparta_explore.graph import Graph
 from sparta_explore.kernels.dense import DenseConv2d, DenseLinear
 from sparta_explore.masking import apply_table
 from sparta_explore.plan.bit_rounding import MIN_GRID_BITS
+from sparta_explore.plan.execution_plan import FP32 as FP32_BITS
 from sparta_explore.plan.sites import input_bits, replace_site, weight_sites
 from sparta_explore.tesa import TeSA
 from sparta_explore.tracing.copying import deep_copy
@@ -99,3 +102,32 @@ def table_reference(graph: Graph, table: Mapping[str, TeSA], *, grids: bool = Tr
         module.graph.lint()
         module.recompile()
     return module, unread
+
+
+def unwrap_table(table: Any) -> tuple[Mapping[str, TeSA], Mapping[str, TeSA] | None]:
+    """(the table compile uses, the table propagation started from or None) from a table or a `PropagationResult`.
+
+    Example:
+        >>> unwrap_table({"w": tesa})[1] is None  # doctest: +SKIP
+        True
+    """
+    from sparta_explore.propagation.report import PropagationResult
+
+    if isinstance(table, PropagationResult):
+        return table.table, table.input_table
+    return table, None
+
+
+def warn_if_dense(table: Mapping[str, TeSA]) -> None:
+    """One `CompileWarning` when no TeSA prunes or quantizes anything: compile then has nothing to speed up.
+
+    Example:
+        >>> warn_if_dense({})  # doctest: +SKIP
+    """
+    from sparta_explore.compile.choose import CompileWarning
+
+    if any(set(tesa.bit_histogram()) - {FP32_BITS} for tesa in table.values()):
+        return
+    warnings.warn(f"nothing in the table is pruned or quantized (all {len(table)} TeSAs dense fp32), so no op gets "
+                  "a kernel: the compiled model is the model as given (at most rewritten by the graph passes, e.g. "
+                  "BatchNorm folded, which keep its results)", CompileWarning, stacklevel=3)

@@ -1,0 +1,121 @@
+"""`save`: a compiled model as one package file that `load` rebuilds without tuning, timing or the original model.
+
+The package (`archive.py`) holds:
+
+* ``manifest.json``: format and version, the library, torch and Python versions, the machine
+  (CPU, kernel ISA flags, threads), the compiler and build flags, notes, and the caller's
+  `metadata` (an exported trial's parameters and metrics);
+* ``model.json``: the module tree that runs (classes by name, attributes, the fx graph), the
+  size guard's fallback, the kernel library records, the per-op plan with each kernel's
+  tiling, the pass report, checks and whole-model timing;
+* ``tensors.safetensors``: every weight and packed kernel array (safetensors: never pickle);
+* ``kernels/<name>-<key>.c``: each kernel's C source;
+* ``example.safetensors``: the example inputs and the outputs of what was saved;
+* ``table.npz`` (and ``input_table.npz``): the TeSA tables compile used.
+
+A model compiled in place is saved by `inplace_form.save_inplace` (its own module tree
+cannot be written as a graph). A model the guard left running eagerly (the user's own masked
+module) is saved as the masked captured graph, which computes the same; the manifest says so.
+
+Example:
+    >>> save(cm, "bert.sparta")   # doctest: +SKIP
+    PosixPath('bert.sparta')
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch.fx as fx
+from torch import nn
+
+from sparta_explore.compile.inplace import ATTRIBUTE
+from sparta_explore.compile.package.archive import write_package
+from sparta_explore.compile.package.inplace_form import save_inplace
+from sparta_explore.compile.package.kernels import LibraryCollector
+from sparta_explore.compile.package.modules import encode_module
+from sparta_explore.compile.package.parts import (
+    EXAMPLE,
+    INPUT_TABLE,
+    MODEL,
+    TABLE,
+    TENSORS,
+    example_record,
+    json_bytes,
+    manifest,
+    report_record,
+    table_bytes,
+)
+from sparta_explore.compile.package.tensors import TensorStore
+from sparta_explore.compile.package.values import Encoder
+from sparta_explore.compile.record import CompileRecord
+from sparta_explore.errors import PackageError
+
+
+def _runnable(cm: Any, module: nn.Module, what: str) -> tuple[fx.GraphModule, str | None]:
+    """`module` if it is a graph; else the masked captured graph (the same function), and a note saying so."""
+    if isinstance(module, fx.GraphModule):
+        return module, None
+    from sparta_explore.compile.table_reference import table_reference
+
+    if cm.record.graph is None or cm.record.table is None:
+        raise PackageError(f"the {what} is an eager module and this CompiledModel keeps no captured graph to save "
+                           "in its place")
+    graph, _ = table_reference(cm.record.graph, cm.record.table)
+    return graph, (f"the {what} ran the model as given, masked (faster than the kernels here); the package holds "
+                   "the masked captured graph, which computes the same")
+
+
+def save(model: nn.Module, path: str | os.PathLike, *, metadata: Mapping[str, Any] | None = None,
+         allow: Collection[str] = ()) -> Path:
+    """Write a compiled model (or one compiled in place) to the package file `path`; returns the path.
+
+    `metadata` (JSON-able) goes into the manifest; `allow` names packages of your own whose
+    module classes the model holds (they must be importable where it is loaded, with the same
+    `allow`).
+
+    Example:
+        >>> save(cm, "model.sparta", metadata={"trial": "a1b2"})   # doctest: +SKIP
+    """
+    if isinstance(getattr(model, "record", None), CompileRecord):  # a CompiledModel (from compile or load)
+        return _save_compiled(model, Path(path), metadata, allow)
+    if isinstance(model, nn.Module) and getattr(model, ATTRIBUTE, None) is not None:
+        return save_inplace(model, Path(path), metadata=metadata, allow=allow)
+    raise PackageError(f"save takes a CompiledModel or a model compiled in place, got {type(model).__name__}")
+
+
+def _save_compiled(cm: Any, path: Path, metadata: Mapping[str, Any] | None, allow: Collection[str]
+                   ) -> Path:
+    if cm.record.example is None:
+        raise PackageError("this CompiledModel keeps no example inputs: compile it with se.compile to save it")
+    started = time.perf_counter()
+    store, libraries = TensorStore(), LibraryCollector()
+    enc = Encoder(store, libraries.add, allow)
+    module, note = _runnable(cm, cm.module, "compiled model")
+    notes = [note] if note else []
+    size_guard = None
+    if cm.size_guard is not None:
+        fallback, _ = _runnable(cm, cm.size_guard.fallback, "size guard's fallback")
+        size_guard = {"shapes": enc.encode(cm.size_guard.shapes, "size guard"),
+                      "fallback": encode_module(enc, fallback, "size_guard")}
+    model = encode_module(enc, module)
+    example, example_arrays = example_record(module, cm.record.example)
+    arrays, meta = store.arrays()
+    report = report_record(cm.report, cm.passes, cm.checks, cm.guard, cm.seconds, enc, module)
+    data = {"kind": "compiled", "model": model, "size_guard": size_guard, "tensors": meta,
+            "input_dtypes": enc.encode(dict(cm.input_dtypes), "input dtypes"), "libraries": libraries.records,
+            "example": {**example, "tolerance": cm.record.tolerance}, "notes": notes,
+            "report": {**report, "unread": list(cm.unread), "fp32_error": enc.encode(float(cm.fp32_error), "fp32")}}
+    parts = {MODEL: json_bytes(data), TENSORS: safetensors.torch.save(arrays),
+             EXAMPLE: safetensors.torch.save(example_arrays),
+             **{file: text.encode() for file, text in libraries.sources.items()}}
+    if cm.record.table is not None:
+        parts[TABLE] = table_bytes(cm.record.table)
+    if cm.record.input_table is not None:
+        parts[INPUT_TABLE] = table_bytes(cm.record.input_table)
+    return write_package(path, parts, manifest("compiled", started, len(libraries.records), notes, metadata))
