@@ -29,7 +29,8 @@ def _kernels_win(fns, x, runs):  # what the clock says is not under test here: t
 
 
 def _config(cache_dir, device):
-    return CompileConfig(tune=False, runs=2, device=device, cache_dir=cache_dir, guard=False, kernels={"sparse", "int8"})
+    return CompileConfig(tune=False, runs=2, device=device, cache_dir=cache_dir, guard=False,
+                         kernels={"sparse", "int8"})
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,8 @@ def test_the_functions_graphs_call_resolve_back(fn):
     assert resolve(qualified_name(fn), "node") is fn or resolve(qualified_name(fn), "node").__name__ == fn.__name__
 
 
-@pytest.mark.parametrize("name", ["os.system", "subprocess.run", "builtins.eval", "builtins.open", "builtins.__import__",
+@pytest.mark.parametrize("name", ["os.system", "subprocess.run", "builtins.eval", "builtins.open",
+                                  "builtins.__import__",
                                   "torch.hub.load", "torch.load", "torch.utils.cpp_extension.load",
                                   "transformers.AutoModel.from_pretrained", "sparta_explore.kernels.build.build",
                                   "sparta_explore.workload.load_workload", "torch.Tensor.__reduce_ex__", "not a name"])

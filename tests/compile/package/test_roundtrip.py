@@ -1,4 +1,4 @@
-"""save -> load gives the same model: same outputs bit for bit on this machine, in a fresh process, from a cold cache."""
+"""save -> load gives the same model: outputs bit for bit on this machine, in a fresh process, from a cold cache."""
 
 import hashlib
 import os
