@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 from sparta_explore.cli_args import (
     OneLineParser,
     bits,
-    block,
     fraction,
     grid_block,
     non_negative_int,
@@ -31,6 +30,7 @@ from sparta_explore.cli_args import (
     positive_float,
     positive_int,
 )
+from sparta_explore.cli_options import demo_arguments, prune_arguments
 from sparta_explore.errors import SpartaError
 
 if TYPE_CHECKING:
@@ -57,36 +57,8 @@ def command(name: str, help: str, add_arguments: Callable[[argparse.ArgumentPars
     return add
 
 
-def _prune_arguments(p: argparse.ArgumentParser, *, default_model: str = "digits-cnn") -> None:
-    p.add_argument("--model", default=default_model, help="embedded model (see `sparta-explore models`)")
-    p.add_argument("--pruner", default="l1norm", help="pruner name (level, l1norm, ..., block, nm)")
-    p.add_argument("--sparsity", type=fraction, default=0.5, help="fraction to prune per layer")
-    p.add_argument("--block", type=block, default=(32, 32), help="block shape for --pruner block, e.g. 1x32")
-    p.add_argument("--exclude", nargs="*", default=None,
-                   help="modules left dense (default: the classifier head of digits models)")
-    p.add_argument("--quantizer", default=None, help="also quantize (uniform, ptq, qat, lsq, dorefa, bnn)")
-    p.add_argument("--bits", type=bits, default=8, help="weight/activation bits for --quantizer")
-    p.add_argument("--finetune-epochs", type=non_negative_int, default=3, help="epochs of mask-respecting fine-tuning")
-    p.add_argument("--cache-dir", type=Path, default=None, help="where trained weights are cached")
-
-
-def _demo_arguments(p: argparse.ArgumentParser) -> None:
-    _prune_arguments(p)
-    p.add_argument("--out", type=Path, default=Path("results/demo"),
-                   help="folder for the table, summary, sweep results, figures and report")
-    p.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True,
-                   help="also run the small latency sweep (results.csv, Pareto PNGs, report.md)")
-    p.add_argument("--sweep-model", default="digits-ffn", help="digits model the sweep compiles and times")
-    p.add_argument("--sweep-sparsity", type=fraction, nargs="+", default=[0.5, 0.9], help="sweep sparsities")
-    p.add_argument("--sweep-block", type=grid_block, nargs="+", default=["32x32", "1x1"],
-                   help="block-pruner patterns, e.g. 32x32 1x32 1x1")
-    p.add_argument("--sweep-bits", type=bits, nargs="+", default=[32, 8], help="32 (fp32) or 2..8 (int)")
-    p.add_argument("--sweep-batch", type=positive_int, default=None, help="latency batch (default: the model's)")
-    p.add_argument("--sweep-runs", type=positive_int, default=20, help="timed forward calls per latency measurement")
-
-
 @command("demo", "prune the digits CNN with NNI and propagate; then sweep, plot and report measured latency",
-         _demo_arguments)
+         demo_arguments)
 def _demo(args: argparse.Namespace) -> int:
     from sparta_explore.demo import DemoConfig, run_demo
 
@@ -101,7 +73,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _prune_cmd_arguments(p: argparse.ArgumentParser) -> None:
-    _prune_arguments(p)
+    prune_arguments(p)
     p.add_argument("--out", type=Path, required=True, help="where to write the TeSA table (.npz)")
 
 
@@ -338,6 +310,41 @@ def _report(args: argparse.Namespace) -> int:
     picks = objective_picks(df, target)
     print(picks.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(f"wrote {out}")
+    return 0
+
+
+def _export_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("results", type=Path, help="a sweep or protocol folder, an NNI experiment folder or a results CSV")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--trial", help="the trial's key (or a unique prefix of it), NNI trial id or sequence number")
+    which.add_argument("--best", action="store_true",
+                       help="the most accurate trial within the latency target, else the fastest above the "
+                            "accuracy floor, else the highest score")
+    p.add_argument("--min-accuracy", type=float, default=None, help="with --best: the metric's floor")
+    p.add_argument("--max-latency-ms", type=positive_float, default=None, help="with --best: the latency target")
+    p.add_argument("--max-latency-ratio", type=positive_float, default=None,
+                   help="with --best: the latency target as a fraction of dense")
+    p.add_argument("--out", type=Path, default=None,
+                   help="package file to write (default: exported/<key>.sparta beside the results)")
+    p.add_argument("--runs", type=positive_int, default=20, help="timed forward calls per latency measurement")
+    p.add_argument("--cache-dir", type=Path, default=None, help="trained weights, kernels and device profile")
+
+
+@command("export", "rebuild the trial you picked (its seed, its kernels), check its metric, save it as a package",
+         _export_arguments)
+def _export(args: argparse.Namespace) -> int:
+    from sparta_explore.errors import ConfigError
+    from sparta_explore.explore.export import export_trial, load_trials, pick_trial
+
+    targets = {"min_accuracy": args.min_accuracy, "max_latency_ms": args.max_latency_ms,
+               "max_latency_ratio": args.max_latency_ratio}
+    if args.trial is not None and any(v is not None for v in targets.values()):
+        raise ConfigError("--min-accuracy / --max-latency-ms / --max-latency-ratio pick the --best trial; "
+                          "with --trial they mean nothing")
+    row = pick_trial(load_trials(args.results), trial=args.trial, best=args.best, **targets)
+    out = args.out or _results_folder(args.results) / "exported" / f"{row['key']}.sparta"
+    result = export_trial(row, out, cache_dir=args.cache_dir, runs=args.runs, source=str(args.results), echo=print)
+    print("\n".join(result.lines()))
     return 0
 
 

@@ -93,20 +93,28 @@ def _timed(modules: dict[str, nn.Module], x: torch.Tensor, runs: int) -> dict[st
         return fastest_ms(modules, x, runs)
 
 
-def choose(op: OpPlan, ctx: LowerContext, x: torch.Tensor, mode: str, runs: int, tune: bool = False
-           ) -> nn.Module | None:
+def choose(op: OpPlan, ctx: LowerContext, x: torch.Tensor, mode: str, runs: int, tune: bool = False,
+           given: str | None = None) -> nn.Module | None:
     """The fastest checked module for `op` on its input `x` (recorded in `op`), or None if nothing runs.
 
     `mode` "measured" builds and times every candidate; "predicted" builds the profile's
-    favourite only (and dense if that fails). `tune` then runs the tile search for a chosen
-    fp32 sparse kernel and keeps the tuned build if it measures faster.
+    favourite only (and dense if that fails). `given` names the candidate to use (a trial's
+    recorded choice): built alone, dense if it cannot run. `tune` then runs the tile search
+    for a chosen fp32 sparse kernel and keeps the tuned build if it measures faster.
 
     Example:
         >>> choose(op, ctx, x, "measured", runs=5)  # doctest: +SKIP
     """
-    if mode == "predicted":
-        best = op.best_predicted()
+    names = [c.name for c in op.candidates]
+    if given is not None and given not in names:
+        op.notes.append(f"given choice {given!r} is not a candidate here ({', '.join(names)}): chosen by timing")
+        given = None
+    if given is not None or mode == "predicted":
+        best = op.candidate(given) if given is not None else op.best_predicted()
         order = [best] + ([op.candidate("dense")] if best.name != "dense" else [])
+        mode = "predicted"  # the first that runs is used
+        if given is not None:
+            op.notes.append(f"choice given: {given}")
     else:
         order = sorted(op.candidates, key=lambda c: c.predicted_ms)
     built: dict[str, nn.Module] = {}

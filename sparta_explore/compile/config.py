@@ -12,7 +12,7 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -40,6 +40,9 @@ class CompileConfig:
       `()`: none). `sparta_explore.compile.passes.base.PASSES` lists them.
     * `guard`: time the whole compiled model against the dense model once; if it is
       slower, run the faster of it and the model masked with the table (`compile/guard.py`).
+    * `choices`: (op, candidate) pairs (a trial row's ``kernel_choices``, "op:choice;..." also
+      accepted): those ops build and use that candidate without timing the others (dense if it
+      cannot run here), so a trial rebuilds with the kernels it was measured with.
     * `inplace`: swap the kernels into the model's own module tree and return the model
       itself (its `generate`, `config` and hooks keep working); graph passes and kernel
       fusions are skipped, and the report says so (`compile/inplace.py`). The model's pruned
@@ -56,6 +59,7 @@ class CompileConfig:
     fuse: bool = True
     passes: tuple[str, ...] | None = None
     guard: bool = True
+    choices: tuple[tuple[str, str], ...] = ()
     inplace: bool = False
 
     def __post_init__(self) -> None:
@@ -65,6 +69,7 @@ class CompileConfig:
             if isinstance(self.passes, str) or not isinstance(self.passes, Collection):
                 raise ConfigError(f"CompileConfig.passes must be a sequence of pass names, got {self.passes!r}")
             object.__setattr__(self, "passes", check_pass_names(tuple(self.passes)))
+        object.__setattr__(self, "choices", _choice_pairs(self.choices))
         if self.choose not in ("measured", "predicted"):
             raise ConfigError(f"CompileConfig.choose must be 'measured' or 'predicted', got {self.choose!r}")
         if isinstance(self.runs, bool) or not isinstance(self.runs, int) or self.runs < 1:
@@ -110,3 +115,18 @@ class CompileConfig:
         if unknown:
             raise ConfigError(f"unknown compile option(s) {unknown}; CompileConfig has {sorted(known)}")
         return replace(self, **options)
+
+
+def _choice_pairs(choices: Any) -> tuple[tuple[str, str], ...]:
+    """`CompileConfig.choices` as (op, candidate) pairs, from pairs, a mapping or "op:choice;op:choice"."""
+    if isinstance(choices, str):
+        choices = [item.rsplit(":", 1) for item in choices.split(";") if item]
+    elif isinstance(choices, Mapping):
+        choices = list(choices.items())
+    try:
+        pairs = tuple((str(op), str(choice)) for op, choice in choices)
+    except (TypeError, ValueError):
+        raise ConfigError(f"CompileConfig.choices must be (op, candidate) pairs, got {choices!r}") from None
+    if any(not op or not choice for op, choice in pairs):
+        raise ConfigError(f"CompileConfig.choices has an empty op or candidate name: {pairs!r}")
+    return pairs

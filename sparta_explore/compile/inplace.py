@@ -142,7 +142,8 @@ def _choose(working: Graph, execution: ExecutionPlan, root: nn.Module, config: C
         op.activation, op.activation_node = "none", None
         ctx = LowerContext(op.site.as_module(working.module), "none", op.m, config.cache_dir, tune=False,
                            in_shape=tuple(op_inputs[op.op].shape))
-        module = choose(op, ctx, op_inputs[op.op], config.choose, config.runs, tune=config.tune)
+        module = choose(op, ctx, op_inputs[op.op], config.choose, config.runs, tune=config.tune,
+                        given=dict(config.choices).get(op.op))
         if module is None:
             continue
         if same_as_masked(op):

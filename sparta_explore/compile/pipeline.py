@@ -98,7 +98,8 @@ def _choose_all(working: Graph, execution: ExecutionPlan, config: CompileConfig)
             op.notes.append("channels-last model: NCHW conv kernels not offered")
         ctx = LowerContext(module, op.activation, op.m, config.cache_dir, tune=False,
                            in_shape=tuple(op_inputs[op.op].shape))
-        module = choose(op, ctx, op_inputs[op.op], config.choose, config.runs, tune=config.tune)
+        module = choose(op, ctx, op_inputs[op.op], config.choose, config.runs, tune=config.tune,
+                        given=dict(config.choices).get(op.op))
         if module is not None and same_as_masked(op) and op.site.module_target is not None:
             op.notes.append("dense fp32 chosen: the op's own masked module stays (no wrapper)")
         elif module is not None:
