@@ -68,3 +68,17 @@ def device(cache_dir):
     from sparta_explore.device import DeviceProfile
 
     return DeviceProfile.load_or_measure(quick=True, cache_dir=cache_dir)
+
+
+@pytest.fixture
+def no_compiler(monkeypatch):
+    """A machine without gcc: PATH empty, and the compiler lookups that are cached per process forgotten."""
+    from sparta_explore.kernels.build import compiler_version, warn_compiler_missing
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    compiler_version.cache_clear()
+    warn_compiler_missing.cache_clear()
+    yield
+    monkeypatch.undo()
+    compiler_version.cache_clear()
+    warn_compiler_missing.cache_clear()

@@ -75,8 +75,11 @@ class CompiledModel(nn.Module):
     (vs the reference ops), `table_error` (vs the model masked with the table, weights on
     their grids), `fp32_error` (vs the masked model in fp32: quantization's own error),
     `unread` (table names the forward never reads), `seconds`, `input_dtypes` (the example
-    inputs' floating dtypes). Called like the model; a floating input of another dtype that an
-    op rejects is one `InputDtypeError` naming the input and the dtype it was compiled for.
+    inputs' floating dtypes), `record` (a `CompileRecord`: graph, tables, example call,
+    tolerance; for a loaded model its saved report and how it was loaded). Called like the
+    model; a floating input of another dtype that an op rejects is one `InputDtypeError`
+    naming the input and the dtype it was compiled for. `save(path)` writes it as one package
+    file that `se.load` rebuilds (`compile/package/`).
 
     Example:
         >>> cm = compile(model, table, (x,)); y = cm(x)  # doctest: +SKIP

@@ -16,7 +16,6 @@ from sparta_explore.kernels.build import (
     library_problem,
     load_library,
     vector_width,
-    warn_compiler_missing,
 )
 
 SOURCE = "int twice(int a) { return 2 * a; }"
@@ -107,17 +106,6 @@ def test_the_source_that_ran_is_kept_beside_the_library(tmp_path):
     built = build("int nine(void) { return 9; }", "nine", cache_dir=tmp_path)
     assert built.source_path.read_text() == "int nine(void) { return 9; }"
     assert built.source_path.with_suffix(".so") == built.path
-
-
-@pytest.fixture
-def no_compiler(monkeypatch):
-    monkeypatch.setenv("PATH", "/nonexistent")
-    compiler_version.cache_clear()
-    warn_compiler_missing.cache_clear()
-    yield
-    monkeypatch.undo()
-    compiler_version.cache_clear()
-    warn_compiler_missing.cache_clear()
 
 
 def test_without_gcc_building_is_a_clear_error(no_compiler, tmp_path):

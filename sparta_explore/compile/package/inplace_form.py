@@ -25,7 +25,6 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-import safetensors.torch
 from torch import nn
 
 from sparta_explore.compile.inplace import ATTRIBUTE, InPlaceCompile, put_module
@@ -34,19 +33,15 @@ from sparta_explore.compile.package.kernels import LibraryCollector
 from sparta_explore.compile.package.modules import decode_module, encode_module
 from sparta_explore.compile.package.names import qualified_name, resolve_class
 from sparta_explore.compile.package.parts import (
-    EXAMPLE,
     INPUT_TABLE,
-    MODEL,
     TABLE,
-    TENSORS,
     example_call,
     example_record,
     frame_from,
-    json_bytes,
     manifest,
+    package_parts,
     read_table,
     report_record,
-    table_bytes,
 )
 from sparta_explore.compile.package.reading import OpenedPackage, checked_example, load_notes
 from sparta_explore.compile.package.tensors import TensorStore
@@ -99,13 +94,7 @@ def save_inplace(model: nn.Module, path: Path, *, metadata: Mapping[str, Any] | 
             "state": state, "tensors": meta, "libraries": libraries.records,
             "example": {**example, "tolerance": info.record.tolerance}, "notes": [],
             "report": report_record(info.report, info.passes, info.checks, info.guard, info.seconds, enc, model)}
-    parts = {MODEL: json_bytes(data), TENSORS: safetensors.torch.save(arrays),
-             EXAMPLE: safetensors.torch.save(example_arrays),
-             **{file: text.encode() for file, text in libraries.sources.items()}}
-    if info.record.table is not None:
-        parts[TABLE] = table_bytes(info.record.table)
-    if info.record.input_table is not None:
-        parts[INPUT_TABLE] = table_bytes(info.record.input_table)
+    parts = package_parts(data, arrays, example_arrays, libraries.sources, info.record)
     return write_package(path, parts, manifest("inplace", started, len(libraries.records), [], metadata))
 
 

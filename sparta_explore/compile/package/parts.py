@@ -30,6 +30,7 @@ from sparta_explore.compile.choose import relative_error
 from sparta_explore.compile.package.archive import PackageReader
 from sparta_explore.compile.package.tensors import TensorStore, TensorTable
 from sparta_explore.compile.package.values import Decoder, Encoder
+from sparta_explore.compile.record import CompileRecord  # noqa: F401  (used by the docstring example)
 from sparta_explore.errors import PackageError
 from sparta_explore.kernels.build import FLAGS, ISA_CEILINGS, compiler_version, target_isa, vector_width
 from sparta_explore.tesa_table import TeSATable
@@ -108,11 +109,34 @@ def table_bytes(table: Mapping[str, Any]) -> bytes:
     return buf.getvalue()
 
 
-def read_table(reader: PackageReader, name: str) -> TeSATable | None:
-    """The TeSA table stored as part `name`, or None when the package has none."""
-    if name not in reader.files:
-        return None
-    return TeSATable.load(io.BytesIO(reader.read(name)))
+class StoredTable(Mapping):
+    """A TeSA table kept in a package, read on first use (a 12-layer BERT's tables take seconds to inflate, and
+    running the model never reads them)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data: bytes | None = data
+        self._table: TeSATable | None = None
+
+    def table(self) -> TeSATable:
+        """The table itself (read now if it was not yet)."""
+        if self._table is None:
+            self._table = TeSATable.load(io.BytesIO(self._data))
+            self._data = None
+        return self._table
+
+    def __getitem__(self, name: str) -> Any:
+        return self.table()[name]
+
+    def __iter__(self):
+        return iter(self.table())
+
+    def __len__(self) -> int:
+        return len(self.table())
+
+
+def read_table(reader: PackageReader, name: str) -> StoredTable | None:
+    """The TeSA table stored as part `name` (read when first used), or None when the package has none."""
+    return StoredTable(reader.read(name)) if name in reader.files else None
 
 
 def arrays(reader: PackageReader, name: str) -> dict[str, torch.Tensor]:
@@ -208,3 +232,22 @@ def report_record(report: Any, passes: Any, checks: Any, guard: Any, seconds: fl
     return {"plan": frame_data(report, enc, "plan"), "passes": frame_data(passes, enc, "passes"),
             "checks": frame_data(checks, enc, "checks"), "kernels": kernel_tiles(module),
             "guard": enc.encode(guard, "guard"), "seconds": float(seconds)}
+
+
+def package_parts(data: Mapping[str, Any], arrays: Mapping[str, torch.Tensor],
+                  example_arrays: Mapping[str, torch.Tensor], sources: Mapping[str, str], record: Any
+                  ) -> dict[str, bytes]:
+    """Every part of a package but the manifest: the model's JSON, its tensors, the example, the kernel sources and
+    the tables `record` (a `CompileRecord`) keeps.
+
+    Example:
+        >>> sorted(package_parts({}, {}, {}, {}, CompileRecord()))
+        ['example.safetensors', 'model.json', 'tensors.safetensors']
+    """
+    parts = {MODEL: json_bytes(data), TENSORS: safetensors.torch.save(dict(arrays)),
+             EXAMPLE: safetensors.torch.save(dict(example_arrays)),
+             **{file: text.encode() for file, text in sources.items()}}
+    for name, table in ((TABLE, record.table), (INPUT_TABLE, record.input_table)):
+        if table is not None:
+            parts[name] = table_bytes(table)
+    return parts

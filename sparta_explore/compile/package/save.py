@@ -30,7 +30,6 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-import safetensors.torch
 import torch.fx as fx
 from torch import nn
 
@@ -40,16 +39,10 @@ from sparta_explore.compile.package.inplace_form import save_inplace
 from sparta_explore.compile.package.kernels import LibraryCollector
 from sparta_explore.compile.package.modules import encode_module
 from sparta_explore.compile.package.parts import (
-    EXAMPLE,
-    INPUT_TABLE,
-    MODEL,
-    TABLE,
-    TENSORS,
     example_record,
-    json_bytes,
     manifest,
+    package_parts,
     report_record,
-    table_bytes,
 )
 from sparta_explore.compile.package.tensors import TensorStore
 from sparta_explore.compile.package.values import Encoder
@@ -111,11 +104,5 @@ def _save_compiled(cm: Any, path: Path, metadata: Mapping[str, Any] | None, allo
             "input_dtypes": enc.encode(dict(cm.input_dtypes), "input dtypes"), "libraries": libraries.records,
             "example": {**example, "tolerance": cm.record.tolerance}, "notes": notes,
             "report": {**report, "unread": list(cm.unread), "fp32_error": enc.encode(float(cm.fp32_error), "fp32")}}
-    parts = {MODEL: json_bytes(data), TENSORS: safetensors.torch.save(arrays),
-             EXAMPLE: safetensors.torch.save(example_arrays),
-             **{file: text.encode() for file, text in libraries.sources.items()}}
-    if cm.record.table is not None:
-        parts[TABLE] = table_bytes(cm.record.table)
-    if cm.record.input_table is not None:
-        parts[INPUT_TABLE] = table_bytes(cm.record.input_table)
+    parts = package_parts(data, arrays, example_arrays, libraries.sources, cm.record)
     return write_package(path, parts, manifest("compiled", started, len(libraries.records), notes, metadata))

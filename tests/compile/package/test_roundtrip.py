@@ -12,11 +12,9 @@ import torch
 import sparta_explore as se
 from sparta_explore.kernels.build import (
     CompilerMissingWarning,
-    compiler_version,
     native_cpu_flags,
     set_target_isa,
     target_isa,
-    warn_compiler_missing,
 )
 from sparta_explore.kernels.sparse_linear import KernelLinear
 
@@ -83,17 +81,6 @@ def test_a_cold_kernel_cache_builds_the_saved_sources(fp32_model, tmp_path):
     assert loaded.record.loaded["bit_identical"]
     assert len(list((cold / "kernels").glob("*.so"))) == 2  # built here, from the package's C
     assert torch.equal(_run(loaded, x), _run(cm, x))
-
-
-@pytest.fixture
-def no_compiler(monkeypatch):
-    monkeypatch.setenv("PATH", "/nonexistent")
-    compiler_version.cache_clear()
-    warn_compiler_missing.cache_clear()
-    yield
-    monkeypatch.undo()
-    compiler_version.cache_clear()
-    warn_compiler_missing.cache_clear()
 
 
 @pytest.fixture
