@@ -148,6 +148,7 @@ def load_inplace(opened: OpenedPackage, model: nn.Module | None, started: float)
         raise PackageError(f"{path}: the given model already holds compiled kernels: pass a fresh instance")
     kernels = {target: decode_module(dec, record, target, opened.libraries.finish)
                for target, record in (data.get("kernels") or {}).items()}
+    opened.libraries.close()
     _fill(model, opened, kernels)
     model.train(bool(data.get("training", False)))
     opened.libraries.warn(path)

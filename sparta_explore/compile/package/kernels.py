@@ -1,7 +1,8 @@
 """Kernel libraries in a package: their C sources are written beside the model, and built again when it is read.
 
 Saving keeps each library's source (deduplicated by its cache key) and how it was built.
-Loading decides once, for the whole package (`library_plan`):
+Loading decides once, for the whole package (`library_plan`), then makes the libraries
+(`LoadedLibraries`):
 
 * **native**: this machine has the saved kernels' instruction set and a compiler; every
   source is built (or taken from the kernel cache: same source, flags and CPU, same
@@ -13,8 +14,7 @@ Loading decides once, for the whole package (`library_plan`):
 * **reference**: no C compiler; every kernel runs its PyTorch reference (one warning).
 
 Example:
-    >>> plan = library_plan({"isa": {"flags": ["avx2", "fma"]}})  # doctest: +SKIP
-    >>> plan.mode                                                 # doctest: +SKIP
+    >>> library_plan({"flags": ["avx2", "fma"]}, {"flags": ["avx2", "avx512f", "fma"]}).mode  # doctest: +SKIP
     'rebuild'
 """
 
@@ -107,35 +107,6 @@ def library_plan(saved_isa: dict[str, Any], this_isa: dict[str, Any]) -> Library
     return LibraryPlan("native", "kernels built from the package's sources")
 
 
-def build_libraries(records: dict[str, dict[str, Any]], sources: dict[str, str], plan: LibraryPlan,
-                    cache_dir: str | os.PathLike | None) -> tuple[dict[str, BuiltLibrary | None], dict[str, str]]:
-    """(key -> library or None, key -> why it is None): every library the plan builds, in parallel.
-
-    Example:
-        >>> built, why = build_libraries({}, {}, LibraryPlan("native", ""), None); built, why
-        ({}, {})
-    """
-    todo = {key: r for key, r in records.items() if plan.mode == "native" or (plan.mode == "rebuild" and
-                                                                              r.get("portable"))}
-    built: dict[str, BuiltLibrary | None] = {key: None for key in records}
-    why: dict[str, str] = {key: plan.note for key in records if key not in todo}
-
-    def make(item: tuple[str, dict[str, Any]]) -> tuple[str, BuiltLibrary | None, str | None]:
-        key, record = item
-        try:
-            return key, build(sources[record["file"]], str(record["name"]), cache_dir=cache_dir), None
-        except (KernelBuildError, OSError) as e:
-            return key, None, f"its kernel failed to build ({str(e).splitlines()[0]})"
-
-    # gcc runs in its own process: threads overlap the builds; one per core
-    with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1))) as pool:
-        for key, library, problem in pool.map(make, todo.items()):
-            built[key] = library
-            if problem is not None:
-                why[key] = problem
-    return built, why
-
-
 def checked_records(data: Any, files: set[str], package: Path) -> dict[str, dict[str, Any]]:
     """The package's library records, each naming a source file the package holds.
 
@@ -155,26 +126,61 @@ def checked_records(data: Any, files: set[str], package: Path) -> dict[str, dict
 
 
 class LoadedLibraries:
-    """A package's libraries made on this machine (`library_plan`, `build_libraries`), handed to kernels by key.
+    """A package's libraries made on this machine (`library_plan`), handed to kernels by key as they are built.
 
-    `get` is the decoder's library callback; `finish` runs after each module is read: kernels
-    point at this machine's kernel cache, are generated again (rebuild mode), or note why
-    they run their reference. `fell_back` lists the ops that run references against the
-    plan (a build failed here).
+    Builds start at once, in parallel (gcc runs in its own processes: one thread per core),
+    largest source first so the last ones are short, while the rest of the package is read;
+    `get` (the decoder's library callback) waits for the one a kernel needs. `finish` runs
+    after each module is read: kernels point at this machine's kernel cache, are generated
+    again (rebuild mode), or note why they run their reference. `fell_back` lists the ops that
+    run references against the plan (a build failed here); `seconds` is the time until the
+    last library was ready (`close`).
     """
 
     def __init__(self, records: dict[str, dict[str, Any]], sources: dict[str, str], plan: LibraryPlan,
                  cache_dir: str | os.PathLike | None) -> None:
-        started = time.perf_counter()
-        self.built, self.why = build_libraries(records, sources, plan, cache_dir)
+        self._started = time.perf_counter()
         self.plan, self.cache_dir, self.count = plan, cache_dir, len(records)
+        self.built: dict[str, BuiltLibrary | None] = {key: None for key in records}
+        todo = {key: r for key, r in records.items()
+                if plan.mode == "native" or (plan.mode == "rebuild" and r.get("portable"))}
+        self.why: dict[str, str] = {key: plan.note for key in records if key not in todo}
         self.fell_back: list[str] = []
-        self.seconds = time.perf_counter() - started
+        self.seconds = 0.0
+        self._pool = ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1)))
+        order = sorted(todo, key=lambda key: -len(sources[todo[key]["file"]]))
+        self._pending = {key: self._pool.submit(self._make, sources[todo[key]["file"]], str(todo[key]["name"]))
+                         for key in order}
+
+    def _make(self, source: str, name: str) -> tuple[BuiltLibrary | None, str | None]:
+        try:
+            return build(source, name, cache_dir=self.cache_dir), None
+        except (KernelBuildError, OSError) as e:
+            return None, f"its kernel failed to build ({str(e).splitlines()[0]})"
+
+    def _collect(self, key: str) -> None:
+        library, problem = self._pending.pop(key).result()
+        self.built[key] = library
+        if problem is not None:
+            self.why[key] = problem
+
+    def abort(self) -> None:
+        """Stop: builds not yet started never start (a load that failed part way)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def close(self) -> None:
+        """Wait for every build (a package may hold libraries no module read) and note when the last was ready."""
+        for key in list(self._pending):
+            self._collect(key)
+        self._pool.shutdown()
+        self.seconds += time.perf_counter() - self._started
 
     def get(self, key: Any, where: str) -> BuiltLibrary | None:
         """The library saved under `key` as made here (None: not built here; `finish` says why)."""
         if key not in self.built:
             raise PackageError(f"{where}: refers to kernel library {key!r}, which the package does not hold")
+        if key in self._pending:
+            self._collect(key)
         return self.built[key]
 
     def finish(self, module: nn.Module, record: dict, path: str) -> nn.Module:
@@ -187,11 +193,9 @@ class LoadedLibraries:
         if key is None or module.built is not None:
             return module
         if self.plan.mode == "rebuild":
-            started = time.perf_counter()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", KernelFallbackWarning)  # said once, for all ops, by `warn`
                 rebuilt = module.rebuilt(self.cache_dir)
-            self.seconds += time.perf_counter() - started
             if rebuilt.fallback_reason is not None:
                 self.fell_back.append(f"{module.label or path} ({rebuilt.fallback_reason})")
             return rebuilt

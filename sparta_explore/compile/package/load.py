@@ -33,7 +33,13 @@ from sparta_explore.compile.package.archive import PackageReader
 from sparta_explore.compile.package.inplace_form import load_inplace
 from sparta_explore.compile.package.modules import decode_module
 from sparta_explore.compile.package.parts import INPUT_TABLE, TABLE, example_call, frame_from, read_table
-from sparta_explore.compile.package.reading import checked_example, load_notes, open_package, package_kind
+from sparta_explore.compile.package.reading import (
+    OpenedPackage,
+    checked_example,
+    load_notes,
+    open_package,
+    package_kind,
+)
 from sparta_explore.errors import PackageError
 
 
@@ -53,15 +59,24 @@ def load(path: str | os.PathLike, *, model: nn.Module | None = None, cache_dir: 
     reader = PackageReader(path)
     kind = package_kind(reader)
     opened = open_package(reader, cache_dir, allow)
-    if kind == "inplace":
-        return load_inplace(opened, model, started)
+    try:
+        if kind == "inplace":
+            return load_inplace(opened, model, started)
+        return _load_compiled(opened, model, started)
+    except BaseException:
+        opened.libraries.abort()  # builds not started yet never start; a finished load changes nothing here
+        raise
+
+
+def _load_compiled(opened: OpenedPackage, model: nn.Module | None, started: float) -> CompiledModel:
+    reader, data, dec = opened.reader, opened.data, opened.decoder
     if model is not None:
         raise PackageError(f"{reader.path}: holds a compiled model (a graph of its own): load it without model=")
-    data, dec = opened.data, opened.decoder
     module = decode_module(dec, data.get("model"), "", opened.libraries.finish)
     guard = data.get("size_guard")
     size_guard = None if guard is None else SizeGuard(
         dec.decode(guard.get("shapes"), "size guard"), decode_module(dec, guard.get("fallback"), "size_guard"))
+    opened.libraries.close()
     opened.libraries.warn(reader.path)
     check = checked_example(opened, module, module)
     report = data.get("report") or {}

@@ -1,8 +1,13 @@
-"""The first steps of every load: the package read and checked, its kernel libraries made here, a decoder over it.
+"""The steps every load shares, whatever model it holds.
+
+First: the package read and checked, its kernel libraries made here, a decoder over it
+(`open_package`). Last: the stored example run against the saved outputs, kernels switched to
+their references if they disagree (`checked_example`), and the record of how it went
+(`load_notes`). `load.py` and `inplace_form.py` do what lies between.
 
 Example:
-    >>> opened = open_package("model.sparta", "compiled", cache_dir=None, allow=())   # doctest: +SKIP
-    >>> opened.libraries.plan.mode                                                      # doctest: +SKIP
+    >>> opened = open_package(PackageReader("model.sparta"), cache_dir=None, allow=())   # doctest: +SKIP
+    >>> opened.libraries.plan.mode                                                        # doctest: +SKIP
     'native'
 """
 
@@ -24,7 +29,7 @@ from sparta_explore.compile.package.tensors import TensorTable
 from sparta_explore.compile.package.values import Decoder
 from sparta_explore.errors import PackageError
 
-KINDS = {"compiled": "se.load(path)", "inplace": "se.load(path, model=...) (a model compiled in place)"}
+KINDS = ("compiled", "inplace")  # a CompiledModel's graph; a model compiled in place (its kernels by path)
 
 
 @dataclass(frozen=True)
@@ -54,13 +59,18 @@ def open_package(reader: PackageReader, cache_dir: str | os.PathLike | None, all
     plan = library_plan(reader.manifest.get("isa") or {}, isa_record())
     records = checked_records(data.get("libraries", {}), reader.files, reader.path)
     sources = {r["file"]: reader.read(r["file"]).decode("utf-8", errors="replace") for r in records.values()}
-    libraries = LoadedLibraries(records, sources, plan, cache_dir)
-    tensors = TensorTable(arrays(reader, TENSORS), data.get("tensors") or {}, str(reader.path))
+    libraries = LoadedLibraries(records, sources, plan, cache_dir)  # builds start: the tensors are read meanwhile
+    try:
+        tensors = TensorTable(arrays(reader, TENSORS), data.get("tensors") or {}, str(reader.path))
+    except BaseException:
+        libraries.abort()
+        raise
     return OpenedPackage(reader, data, libraries, Decoder(tensors, allow=allow, library=libraries.get))
 
 
 def checked_example(opened: OpenedPackage, run: Callable[..., Any], kernels: nn.Module) -> dict[str, Any]:
-    """The example check of step 4 (see the module docstring); falls back to reference ops if it must.
+    """Run the stored example through `run`; outputs beyond the tolerance switch the kernels under `kernels` to their
+    references and check again (a `PackageError` if even they differ).
 
     Example:
         >>> checked_example(opened, cm.module, cm.module)["bit_identical"]   # doctest: +SKIP

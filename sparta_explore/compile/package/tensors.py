@@ -102,6 +102,7 @@ class TensorTable:
     def __init__(self, arrays: Mapping[str, torch.Tensor], meta: Mapping[str, Mapping[str, Any]], file: str) -> None:
         self._arrays, self._meta, self._file = arrays, meta, file
         self._built: dict[str, torch.Tensor] = {}
+        self._parameters: dict[str, torch.nn.Parameter] = {}
 
     def get(self, key: str) -> torch.Tensor:
         """The tensor stored under `key` (the same object for every reference to it).
@@ -123,6 +124,18 @@ class TensorTable:
             raise PackageError(f"{self._file}: tensor {key!r} cannot be rebuilt ({type(e).__name__}: {e})") from None
         self._built[key] = t
         return t
+
+    def parameter(self, key: str, requires_grad: bool) -> torch.nn.Parameter:
+        """The parameter over tensor `key`: one object for every reference, so tied weights stay tied.
+
+        Example:
+            >>> store = TensorStore(); key = store.add(torch.ones(2)); table = TensorTable(*store.arrays(), "m")
+            >>> table.parameter(key, True) is table.parameter(key, True)
+            True
+        """
+        if key not in self._parameters:
+            self._parameters[key] = torch.nn.Parameter(self.get(key), requires_grad=requires_grad)
+        return self._parameters[key]
 
     def _rebuild(self, key: str, info: Mapping[str, Any]) -> torch.Tensor:
         shape = tuple(int(s) for s in info["shape"])

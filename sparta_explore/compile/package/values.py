@@ -4,9 +4,10 @@ JSON's own types pass as they are; everything else is an object with one `$tag` 
 codec per tag in `CODECS` (tuples, dicts with any keys, sets, non-finite floats, slices,
 dtypes, devices, memory formats, sizes, paths, tensors and parameters by key in the tensor
 store, numpy arrays, graph nodes by name, functions and classes by qualified name, frozen
-dataclasses field by field). Other modules add codecs for their own types
-(`register_codec`: activations of fused epilogues, kernel libraries, pytree specs). A value
-no codec takes is a `PackageError` naming where it sits.
+dataclasses field by field, kernel libraries by key). Other modules add codecs for their own
+types (`register_codec`; `codecs.py`: activations of fused epilogues). A registered type wins
+over the fallbacks (classes, dataclasses, functions). A value no codec takes is a
+`PackageError` naming where it sits.
 
 Example:
     >>> enc = Encoder(TensorStore()); data = enc.encode((1.5, float("inf"), torch.float32), "x")
@@ -159,7 +160,7 @@ class FunctionValue(metaclass=_CallableMeta):
     """`isinstance(x, FunctionValue)`: x is a function, builtin or op overload (saved by name)."""
 
 
-def _tensor_meta(dec: Decoder, data: Any, where: str) -> torch.Tensor:
+def _decode_tensor(dec: Decoder, data: Any, where: str) -> torch.Tensor:
     _checked(isinstance(data, str), where, "tensor reference")
     return dec.tensors.get(data)
 
@@ -170,7 +171,7 @@ def _encode_param(enc: Encoder, p: torch.nn.Parameter, where: str) -> dict:
 
 def _decode_param(dec: Decoder, data: Any, where: str) -> torch.nn.Parameter:
     _checked(isinstance(data, dict) and isinstance(data.get("key"), str), where, "parameter")
-    return torch.nn.Parameter(dec.tensors.get(data["key"]), requires_grad=bool(data.get("grad", False)))
+    return dec.tensors.parameter(data["key"], bool(data.get("grad", False)))
 
 
 def _encode_ndarray(enc: Encoder, a: np.ndarray, where: str) -> str:
@@ -270,8 +271,8 @@ def _install() -> None:
         ("float", (float, np.floating), lambda e, v, w: str(float(v)), _decode_float),
         ("int", (int, np.integer), lambda e, v, w: int(v), _decode_int),
         ("param", torch.nn.Parameter, _encode_param, _decode_param),
-        ("tensor", torch.Tensor, lambda e, v, w: e.store.add(v), _tensor_meta),
-        ("ndarray", np.ndarray, _encode_ndarray, lambda d, v, w: _tensor_meta(d, v, w).numpy()),
+        ("tensor", torch.Tensor, lambda e, v, w: e.store.add(v), _decode_tensor),
+        ("ndarray", np.ndarray, _encode_ndarray, lambda d, v, w: _decode_tensor(d, v, w).numpy()),
         ("size", torch.Size, lambda e, v, w: list(v), lambda d, v, w: torch.Size(v)),
         ("tuple", tuple, lambda e, v, w: [e.encode(x, w) for x in v], lambda d, v, w: tuple(d.decode(v, w))),
         ("dict", dict, _encode_dict, _decode_dict),
