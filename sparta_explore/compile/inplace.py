@@ -1,8 +1,8 @@
 """Compile in place: kernels swapped into the user's own module tree, and the same object handed back.
 
 `compile(model, table, x, config=CompileConfig(inplace=True))` keeps what the user's model
-is: a Hugging Face model keeps `generate` (its KV cache included), `config`,
-`save_pretrained` and hooks, because it *is* still that model. Steps:
+is: a Hugging Face model keeps `generate` (its KV cache included), `config` and hooks,
+because it *is* still that model (`se.save` writes the compiled form). Steps:
 
 1. capture (for planning and the checks only: a generative model's KV cache is off in the
    captured forward, `tracing/kv_cache.py`) and plan on the captured graph;

@@ -14,8 +14,8 @@ from sparta_explore.workload import load_workload
 @pytest.fixture(scope="module")
 def tiny_sweep(tmp_path_factory, cache_dir):
     out = tmp_path_factory.mktemp("sweep")
-    sweep({"workload": "digits-mlp", "sparsity": [0.5, 0.9], "block": ["32x32"], "bits": [32, 8],
-           "finetune_epochs": 1}, out, progress=False, trial_kwargs={"cache_dir": cache_dir, "runs": 3})
+    sweep({"workload": "digits-mlp", "sparsity": [0.75], "block": ["32x32"], "bits": [32, 8], "finetune_epochs": 1},
+          out, progress=False, trial_kwargs={"cache_dir": cache_dir, "runs": 2, "compile_kwargs": {"tune": False}})
     return out
 
 
@@ -23,7 +23,7 @@ def test_the_best_trial_of_a_sweep_exports_with_its_metric_reproduced(tiny_sweep
     df = load_trials(tiny_sweep)
     floor = float(df["accuracy"].median())
     row = pick_trial(df, best=True, min_accuracy=floor)
-    status = main(["export", str(tiny_sweep), "--best", "--min-accuracy", str(floor), "--runs", "3",
+    status = main(["export", str(tiny_sweep), "--best", "--min-accuracy", str(floor), "--runs", "2",
                    "--cache-dir", str(cache_dir)])
     out = capsys.readouterr().out
     assert status == 0, out
