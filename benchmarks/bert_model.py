@@ -126,13 +126,18 @@ def run(layers: int, batch: int, seq: int, sparsity: float, block: tuple[int, in
     return rows
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_bert_arguments(p: argparse.ArgumentParser, block: tuple[int, int] = (32, 32)) -> None:
+    """The model and pruning options of the BERT-base benchmarks: layers, batch, seq, sparsity, block."""
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--sparsity", type=float, default=0.9)
-    p.add_argument("--block", type=int, nargs=2, default=(32, 32))
+    p.add_argument("--block", type=int, nargs=2, default=block)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_bert_arguments(p)
     p.add_argument("--runs", type=int, default=15)
     p.add_argument("--repeats", type=int, default=3, help="capture + propagate runs; the median is reported")
     args = p.parse_args()

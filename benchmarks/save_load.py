@@ -41,7 +41,7 @@ from sparta_explore.quantizers import quantize
 from sparta_explore.quantizers.uniform import UniformQuantConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bert_model import bert, encoder_linears, inputs  # noqa: E402  (the same model and inputs as bert_model.py)
+from bert_model import add_bert_arguments, bert, encoder_linears, inputs  # noqa: E402  (the same model and inputs as bert_model.py)
 
 _LOAD = """
 import json, sys, time, torch
@@ -103,11 +103,7 @@ def run(layers: int, batch: int, seq: int, sparsity: float, block: tuple[int, in
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layers", type=int, default=12)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--sparsity", type=float, default=0.9)
-    p.add_argument("--block", type=int, nargs=2, default=(1, 1))
+    add_bert_arguments(p, block=(1, 1))
     p.add_argument("--precision", nargs="+", default=["fp32", "w8a8"], choices=["fp32", "w8a8"])
     args = p.parse_args()
     rows = run(args.layers, args.batch, args.seq, args.sparsity, tuple(args.block), args.precision)
