@@ -137,7 +137,6 @@ class FusedInt8Pair(CompiledOp):
                 return
             except (OSError, KernelBuildError) as e:
                 why = str(e)
-        self._fn = None
         self.fallback_reason = f"pair not bound ({why}): its two ops run one after the other"
 
     def extra_repr(self) -> str:

@@ -4,6 +4,7 @@ A graph pass or `compile` works on a GraphModule whose submodules are shared wit
 captured model (or with an earlier pass's graph). `set_module` puts a new module at a
 path after copying, shallowly, every parent on that path, so the other trees never see the
 change; `clone_module` is that shallow copy (its own parameter, buffer and child tables).
+`put_module` is the one edit that does touch the tree it is given: compiling in place.
 
 Example:
     >>> tree = nn.Sequential(nn.Linear(2, 2)); other = nn.Sequential(*tree)
@@ -55,3 +56,14 @@ def clone_module(module: nn.Module) -> nn.Module:
     if bound is not None and getattr(bound, "__self__", clone) is not clone:
         del clone.__dict__["forward"]
     return clone
+
+
+def put_module(root: nn.Module, target: str, module: nn.Module) -> None:
+    """Put `module` at `target` in `root` itself (no copies: in place means the user's own tree).
+
+    Example:
+        >>> m = nn.Sequential(nn.Linear(2, 2)); put_module(m, "0", nn.ReLU()); type(m[0]).__name__
+        'ReLU'
+    """
+    parent_path, _, leaf = target.rpartition(".")
+    setattr(root.get_submodule(parent_path) if parent_path else root, leaf, module)

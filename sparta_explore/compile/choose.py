@@ -146,6 +146,16 @@ def choose(op: OpPlan, ctx: LowerContext, x: torch.Tensor, mode: str, runs: int,
     return built[op.chosen]
 
 
+def tolerance(ops: list[OpPlan]) -> float:
+    """The relative error a compiled model may show against its references: by the narrowest grid a chosen
+    candidate of `ops` quantizes to (fp32 kernels only differ in summation order).
+
+    Example:
+        >>> tolerance([])
+        0.001
+    """
+    chosen = [op.candidate(op.chosen) for op in ops if op.chosen not in (None, ORIGINAL)]
+    return TOLERANCE[FP32 if min((narrowest(c) for c in chosen), default=FP32) == FP32 else 8]
 
 
 class _InputRecorder(fx.Interpreter):

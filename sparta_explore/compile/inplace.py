@@ -26,7 +26,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import time
 import warnings
 from collections.abc import Mapping
@@ -36,25 +35,22 @@ from typing import Any
 import pandas as pd
 from torch import nn
 
-from sparta_explore.compile.choose import TOLERANCE, CompileWarning, choose, narrowest, record_inputs, same_as_masked
+from sparta_explore.compile.choose import CompileWarning, choose, record_inputs, same_as_masked, tolerance
 from sparta_explore.compile.config import CompileConfig
 from sparta_explore.compile.lowering import LowerContext
+from sparta_explore.compile.prepare import offered, prepare
 from sparta_explore.compile.record import CompileRecord, summary_text
-from sparta_explore.compile.table_reference import split_unread, table_reference, unwrap_table, warn_if_dense
+from sparta_explore.compile.table_reference import table_reference
 from sparta_explore.compile.timing import alternating_ms
 from sparta_explore.compile.verify import check_row, model_error
-from sparta_explore.device import DeviceProfile
 from sparta_explore.errors import ConfigError, TeSANameError
-from sparta_explore.graph import Graph, rewritten
-from sparta_explore.kernels.build import compiler_available, warn_compiler_missing
+from sparta_explore.graph import Graph
 from sparta_explore.kernels.compiled_op import CompiledOp
 from sparta_explore.masking import apply_table
-from sparta_explore.module_tree import clone_module, set_module
+from sparta_explore.module_tree import clone_module, put_module, set_module
 from sparta_explore.plan import ExecutionPlan, OpPlan
-from sparta_explore.plan import plan as make_plan
-from sparta_explore.plan.execution_plan import FP32, ORIGINAL
+from sparta_explore.plan.execution_plan import ORIGINAL
 from sparta_explore.prunable import is_prunable
-from sparta_explore.tracing.copying import deep_copy
 from sparta_explore.tracing.kv_cache import kv_cache_off
 
 ATTRIBUTE = "sparta_compiled"  # where the model keeps its InPlaceCompile
@@ -105,17 +101,6 @@ def _why_not_in_place(root: nn.Module, graph: Graph, op: OpPlan) -> str | None:
     if not is_prunable(module):
         return f"in place: {target!r} is a {type(module).__name__}, not a Linear, Conv2d or Conv1D"
     return None
-
-
-def put_module(root: nn.Module, target: str, module: nn.Module) -> None:
-    """Put `module` at `target` in `root` itself (no copies: in place means the user's own tree).
-
-    Example:
-        >>> m = nn.Sequential(nn.Linear(2, 2)); put_module(m, "0", nn.ReLU()); type(m[0]).__name__
-        'ReLU'
-    """
-    parent_path, _, leaf = target.rpartition(".")
-    setattr(root.get_submodule(parent_path) if parent_path else root, leaf, module)
 
 
 def _own_names(root: nn.Module, table: Mapping[str, Any]) -> None:
@@ -192,33 +177,18 @@ def compile_in_place(root: nn.Module, graph: Graph, table: Any, config: CompileC
     """
     check_not_compiled(root)
     start = time.perf_counter()
-    table, input_table = unwrap_table(table)
-    kernels = config.kernels
-    if not compiler_available():
-        warn_compiler_missing()
-        kernels = frozenset({"dense", "shrink"})
-    device = config.device or DeviceProfile.load_or_measure(cache_dir=config.cache_dir)
-    trusted, _ = table_reference(graph, table)
-    usable, _ = split_unread(graph, graph.module, table)
+    prepared = prepare(graph, table, config, plan)
+    usable, input_table = prepared.usable, prepared.input_table
     _own_names(root, usable)
-    if plan is None:
-        warn_if_dense(table)
-    gm = deep_copy(graph.module)
-    apply_table(gm, usable)
-    working = rewritten(graph, gm)
-    execution = copy.deepcopy(plan) if plan is not None else make_plan(working, usable, device)
-    if kernels is not None:
-        for op in execution.ops.values():
-            op.candidates = [c for c in op.candidates if c.name == "dense" or all(p.kernel in kernels for p in c.parts)]
-    chosen = _choose(working, execution, root, config)
+    execution = offered(prepared.working, usable, prepared, plan)
+    chosen = _choose(prepared.working, execution, root, config)
     apply_table(root, usable)  # what stays the model's own computes the table's numbers too
     originals = {target: root.get_submodule(target) for target in chosen}
     for target, module in chosen.items():
         put_module(root, target, module)
-    picked = [execution.ops[m.label].candidate(execution.ops[m.label].chosen) for m in chosen.values()]
-    tol = TOLERANCE[FP32 if min((narrowest(c) for c in picked), default=FP32) == FP32 else 8]
-    references = [("table", trusted)] + ([("input table", table_reference(graph, input_table)[0])]
-                                         if input_table is not None else [])
+    tol = tolerance([execution.ops[m.label] for m in chosen.values()])
+    references = [("table", prepared.trusted)] + ([("input table", table_reference(graph, input_table)[0])]
+                                                  if input_table is not None else [])
     rows, guard = [], None
     with kv_cache_off(root):
         for name, ref in references:

@@ -2,7 +2,8 @@
 
 Steps, each a named part of this package:
 
-1. mask a copy of the captured graph with the table (the user's model is never touched);
+1. mask a copy of the captured graph with the table (the user's model is never touched;
+   `prepare.py`, shared with compiling in place);
 2. **graph passes** (`passes/`, `CompileConfig.passes`): simplify, fold BatchNorm, fold
    constant channels (and propagate again), shrink what is pruned whole, fuse attention,
    channels-last where the whole model is faster;
@@ -28,7 +29,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -38,8 +38,8 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from sparta_explore.compile.choose import TOLERANCE, choose, narrowest, record_inputs, same_as_masked
-from sparta_explore.compile.compiled_model import CompiledModel, CompileRecord, SizeGuard, floating_dtypes
+from sparta_explore.compile.choose import TOLERANCE, choose, record_inputs, same_as_masked, tolerance
+from sparta_explore.compile.compiled_model import CompiledModel, SizeGuard, floating_dtypes
 from sparta_explore.compile.config import CompileConfig
 from sparta_explore.compile.epilogue import fuse_epilogues
 from sparta_explore.compile.guard import guarded
@@ -50,15 +50,14 @@ from sparta_explore.compile.passes.base import PassOptions
 from sparta_explore.compile.passes.constant_channels import SIZE_SPECIALIZED
 from sparta_explore.compile.passes.graph_edit import editable
 from sparta_explore.compile.passes.pipeline import PassReport, run_passes
-from sparta_explore.compile.table_reference import split_unread, table_reference, unwrap_table, warn_if_dense
+from sparta_explore.compile.prepare import offered, prepare
+from sparta_explore.compile.record import CompileRecord
+from sparta_explore.compile.table_reference import table_reference
 from sparta_explore.compile.verify import check_row, model_error, verified_module
-from sparta_explore.device import DeviceProfile
 from sparta_explore.errors import SpartaError
-from sparta_explore.graph import Graph, capture, rewritten
-from sparta_explore.kernels.build import compiler_available, warn_compiler_missing
+from sparta_explore.graph import Graph, capture
 from sparta_explore.masking import apply_table
 from sparta_explore.plan import ExecutionPlan, OpPlan
-from sparta_explore.plan import plan as make_plan
 from sparta_explore.plan.execution_plan import FP32, ORIGINAL
 from sparta_explore.plan.sites import replace_site
 from sparta_explore.tesa import TeSA
@@ -167,25 +166,13 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
         return compile_in_place(graph.root, graph, table, config, plan)
     if isinstance(model, Graph) and example_inputs is not None:
         graph = capture(graph.module, example_inputs, method="graph_module")  # same module, other inputs
-    table, input_table = unwrap_table(table)
-    kernels = config.kernels
-    if not compiler_available():  # one warning, then PyTorch's own kernels only
-        warn_compiler_missing()
-        kernels = frozenset({"dense", "shrink"})
-    device = config.device or DeviceProfile.load_or_measure(cache_dir=config.cache_dir)
-    trusted, unread = table_reference(graph, table)
-    gm = deep_copy(graph.module)
-    usable, _ = split_unread(graph, gm, table)
-    if plan is None:  # after the names are checked: a table naming nothing of the model is an error, no warning
-        warn_if_dense(table)
-    apply_table(gm, usable)
-    working = rewritten(graph, gm)
+    prepared = prepare(graph, table, config, plan)
+    table, input_table, usable, unread, trusted = (prepared.table, prepared.input_table, prepared.usable,
+                                                   prepared.unread, prepared.trusted)
     names = () if plan is not None else config.graph_passes()
-    working, work_table, reports = run_passes(working, usable, names, PassOptions(config.runs, config.cache_dir))
-    execution = copy.deepcopy(plan) if plan is not None else make_plan(working, work_table, device)
-    if kernels is not None:
-        for op in execution.ops.values():
-            op.candidates = [c for c in op.candidates if c.name == "dense" or all(p.kernel in kernels for p in c.parts)]
+    working, work_table, reports = run_passes(prepared.working, usable, names,
+                                              PassOptions(config.runs, config.cache_dir))
+    execution = offered(working, work_table, prepared, plan)
     before_kernels = editable(working)  # the passes' model with no kernels: the guard's other candidate
     compiled = _choose_all(working, execution, config)
     gm = working.module
@@ -199,9 +186,7 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
     for module in (gm, before_kernels):
         module.graph.lint()
         module.recompile()
-    chosen = [execution.ops[name].candidate(execution.ops[name].chosen) for name in compiled
-              if execution.ops[name].chosen not in (None, ORIGINAL)]
-    tol = TOLERANCE[FP32 if min((narrowest(c) for c in chosen), default=FP32) == FP32 else 8]
+    tol = tolerance([execution.ops[name] for name in compiled])
     references = [("table", trusted)]
     if input_table is not None:
         references.append(("input table", table_reference(graph, input_table)[0]))

@@ -137,11 +137,10 @@ def decode_graph(dec: Decoder, data: Any, root: torch.nn.Module, where: str) -> 
         args, kwargs = reader.decode(node.get("args"), at), reader.decode(node.get("kwargs"), at)
         if not isinstance(args, tuple) or not isinstance(kwargs, dict):
             raise PackageError(f"{at}: malformed arguments")
-        if node["op"] == "call_function" and getattr(_target(node, reader, at), "__name__", "") == "getattr" and \
-                len(args) > 1 and isinstance(args[1], str) and args[1].startswith("__"):
+        target = _target(node, reader, at)
+        if target is getattr and len(args) > 1 and isinstance(args[1], str) and args[1].startswith("__"):
             raise PackageError(f"{at}: getattr of the private attribute {args[1]!r}")
-        nodes[node["name"]] = graph.create_node(node["op"], _target(node, reader, at), args, kwargs,
-                                                name=node["name"])
+        nodes[node["name"]] = graph.create_node(node["op"], target, args, kwargs, name=node["name"])
     codegen = data["codegen"]
     if codegen.get("kind") == "pytree":
         names = codegen.get("orig_args")

@@ -27,7 +27,7 @@ from typing import Any
 
 from torch import nn
 
-from sparta_explore.compile.inplace import ATTRIBUTE, InPlaceCompile, put_module
+from sparta_explore.compile.inplace import ATTRIBUTE, InPlaceCompile
 from sparta_explore.compile.package.archive import write_package
 from sparta_explore.compile.package.kernels import LibraryCollector
 from sparta_explore.compile.package.modules import decode_module, encode_module
@@ -49,6 +49,7 @@ from sparta_explore.compile.package.values import Encoder
 from sparta_explore.compile.record import CompileRecord
 from sparta_explore.errors import PackageError
 from sparta_explore.kernels.compiled_op import CompiledOp
+from sparta_explore.module_tree import put_module
 from sparta_explore.tracing.kv_cache import kv_cache_off
 
 
