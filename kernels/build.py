@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sparta_explore.cache import atomic_write, resolve_cache_dir
+from sparta_explore.cache_limits import mark_used, note_new_entry
 
 # -pipe: the assembler reads the compiler's output as it comes (no temporary file); the library is the same
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-ffp-contract=fast", "-fno-math-errno", "-pipe")
@@ -251,7 +252,10 @@ def build(source: str, name: str, *, cache_dir: str | os.PathLike | None = None,
     if problem not in (None, "missing"):
         warnings.warn(f"kernel cache entry {path} is corrupt ({problem}): rebuilding it", RuntimeWarning,
                       stacklevel=2)
-    if not cached:
+    if cached:
+        mark_used(path)  # recency for the cache's least-recently-used eviction
+    else:
         _compile(source, name, flags, folder, path)
+        note_new_entry(path)  # over $SPARTA_EXPLORE_CACHE_MAX_MB: evicts the oldest entries, never this one
     lib = load_library(path)
     return BuiltLibrary(lib, path, key, cached, time.perf_counter() - start)

@@ -9,6 +9,7 @@ Example:
     $ sparta-explore sweep --sparsity 0.5 0.9 --block 32x32 1x32 --bits 32 8 --out results/sweep
     $ sparta-explore sweep --workload experiments/workloads/bert_digits.py:workload --sparsity 0.9 --out results/bert
     $ sparta-explore plot results/sweep && sparta-explore report results/sweep
+    $ sparta-explore cache && sparta-explore cache trim --max-mb 500
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from sparta_explore.cli_args import (
     positive_float,
     positive_int,
 )
+from sparta_explore.cli_cache import cache_arguments
 from sparta_explore.cli_options import demo_arguments, prune_arguments
 from sparta_explore.errors import SpartaError
 
@@ -346,6 +348,14 @@ def _export(args: argparse.Namespace) -> int:
     result = export_trial(row, out, cache_dir=args.cache_dir, runs=args.runs, source=str(args.results), echo=print)
     print("\n".join(result.lines()))
     return 0
+
+
+@command("cache", "show the cache's folders and sizes; clear it, or trim the kernels to their size cap",
+         cache_arguments)
+def _cache(args: argparse.Namespace) -> int:
+    from sparta_explore.cli_cache import run_cache
+
+    return run_cache(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
