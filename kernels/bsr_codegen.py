@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from sparta_explore.activations import ACTIVATIONS
 from sparta_explore.kernels.c_templates import c_fill, c_text
+from sparta_explore.kernels.groups import R_MAX, Groups
 from sparta_explore.kernels.kernel_io import KernelIO
 from sparta_explore.kernels.panels import ONE_WORD, Panels, cut_panels, panel_rows
+from sparta_explore.kernels.pattern_data import KernelSource, PatternTables
 
-R_MAX = 4  # output rows per register tile (default)
 V = 3  # vectors of M per register tile (default)
 LAYOUTS = ("rows", "segments")
 
@@ -63,131 +63,6 @@ class TileConfig:
         return self.single_vectors if r == 1 else self.vectors
 
 
-@dataclass(frozen=True)
-class Groups:
-    """Row groups and k segments of one sparsity pattern, plus the packed-weight offsets."""
-
-    row0: np.ndarray      # first output row of each group
-    rows: np.ndarray      # rows in each group (1..R_MAX)
-    seg_ptr: np.ndarray   # group g's segments are seg_ptr[g]:seg_ptr[g+1]
-    seg_k0: np.ndarray    # first k of each segment
-    seg_len: np.ndarray   # k count of each segment
-    w_off: np.ndarray     # offset of group g's packed weights
-
-
-def _segments(kept_cols: np.ndarray) -> list[tuple[int, int]]:
-    """Contiguous runs of True in a 1-D bool array, as (start, length)."""
-    if not kept_cols.any():
-        return []
-    padded = np.concatenate([[False], kept_cols, [False]])
-    edges = np.flatnonzero(padded[1:] != padded[:-1])
-    return [(int(a), int(b - a)) for a, b in zip(edges[0::2], edges[1::2])]
-
-
-def plan_groups(kept: np.ndarray, block_rows: int, max_rows: int = R_MAX) -> Groups:
-    """Split the outputs into row groups of at most `max_rows` rows inside each block row.
-
-    `kept` is the (N, K) bool mask of kept weights; rows of a group share the union of
-    their kept columns (exact for block patterns, where rows of a block row agree).
-
-    Example:
-        >>> g = plan_groups(np.eye(4, dtype=bool), 1)
-        >>> g.rows.tolist(), g.seg_k0.tolist()
-        ([1, 1, 1, 1], [0, 1, 2, 3])
-    """
-    n = kept.shape[0]
-    row0, rows, seg_ptr, seg_k0, seg_len, w_off = [], [], [0], [], [], []
-    offset = 0
-    for b0 in range(0, n, block_rows):
-        b1 = min(b0 + block_rows, n)
-        for g0 in range(b0, b1, max_rows):
-            g1 = min(g0 + max_rows, b1)
-            cols = kept[g0:g1].any(axis=0)
-            segs = _segments(cols)
-            if not segs:
-                continue  # an all-pruned group is never computed; its outputs are bias (or 0)
-            row0.append(g0)
-            rows.append(g1 - g0)
-            w_off.append(offset)
-            for k0, length in segs:
-                seg_k0.append(k0)
-                seg_len.append(length)
-                offset += length * (g1 - g0)
-            seg_ptr.append(len(seg_k0))
-    as_i = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
-    return Groups(as_i(row0), as_i(rows), as_i(seg_ptr), as_i(seg_k0), as_i(seg_len), as_i(w_off))
-
-
-SHORT_SEGMENTS = 2.0  # a group whose segments average fewer words than this gets one-word segments
-
-
-def unit_segments(groups: Groups, unit: int, short: float = SHORT_SEGMENTS) -> Groups:
-    """Each group whose segments average fewer than `short` words of `unit` k gets one segment per word.
-
-    Same k, same packed weights, same offsets: only the loop shape changes. The inner loop
-    of a tile then always runs once, which the branch predictor learns; on scattered
-    patterns (segments of 1, 2 or 3 words in random order) its mispredicted exits cost more
-    than the products (90% unstructured int8 at 3072 x 768, M = 4096, Zen 5: 31.5 -> 20.1 ms
-    int16, 36.0 -> 18.0 ms VNNI; 75%: 93 -> 40 and 54 -> 30 ms). Long segments (block
-    patterns) keep their tight inner loop.
-
-    Example:
-        >>> g = plan_groups(np.array([[1, 1, 0, 1, 0, 0, 1, 0]], dtype=bool), 1)
-        >>> g.seg_len.tolist(), unit_segments(g, 1).seg_len.tolist()
-        ([2, 1, 1], [1, 1, 1, 1])
-    """
-    k0s, lens, seg_ptr = [], [], [0]
-    for g in range(len(groups.row0)):
-        a, b = int(groups.seg_ptr[g]), int(groups.seg_ptr[g + 1])
-        split = b > a and groups.seg_len[a:b].mean() < short * unit
-        for s in range(a, b):
-            k0, length = int(groups.seg_k0[s]), int(groups.seg_len[s])
-            pieces = [(k, unit) for k in range(k0, k0 + length, unit)] if split else [(k0, length)]
-            for k, n in pieces:
-                k0s.append(k)
-                lens.append(n)
-        seg_ptr.append(len(k0s))
-    as_i = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
-    return Groups(groups.row0, groups.rows, as_i(seg_ptr), as_i(k0s), as_i(lens), groups.w_off)
-
-
-def segment_blocks(weights: np.ndarray, groups: Groups) -> Iterator[np.ndarray]:
-    """The (rows, k) block of `weights` under each group's segment, in the order kernels read them."""
-    for g in range(len(groups.row0)):
-        r0, r = int(groups.row0[g]), int(groups.rows[g])
-        for s in range(int(groups.seg_ptr[g]), int(groups.seg_ptr[g + 1])):
-            k0, length = int(groups.seg_k0[s]), int(groups.seg_len[s])
-            yield weights[r0:r0 + r, k0:k0 + length]
-
-
-def pack_weights(weight: np.ndarray, kept: np.ndarray, groups: Groups) -> np.ndarray:
-    """Kept weights in kernel order: per group, per segment, per k, the group's rows (pruned -> 0)."""
-    w = np.where(kept, weight, 0.0).astype(np.float32)
-    parts = [block.T.reshape(-1) for block in segment_blocks(w, groups)]
-    return np.concatenate(parts) if parts else np.zeros(1, dtype=np.float32)
-
-
-# Pattern tables longer than this are emitted as assembler data: gcc's C parser spent most of a kernel's build
-# reading them as initializers (BERT-base 768x3072 at 90%: fp32 1.3 -> 0.35 s, int8 1.25 -> 0.87 s per build);
-# inside one `__asm__` string they are a few tokens, the assembler reads them fast, and the code is the same
-ASM_TABLE_MIN = 256
-_ASM_DATA = {"long": (".quad", 8), "int32_t": (".long", 4)}
-_ASM_LINE = 1024  # values per directive line
-
-
-def _array(name: str, values: np.ndarray, ctype: str = "long") -> str:
-    if len(values) < ASM_TABLE_MIN or ctype not in _ASM_DATA:
-        body = ",".join(str(int(v)) for v in values) or "0"
-        return f"static const {ctype} {name}[] = {{{body}}};\n"
-    directive, size = _ASM_DATA[ctype]
-    text = [str(int(v)) for v in values]
-    lines = "".join(f'    "{directive} {",".join(text[i:i + _ASM_LINE])}\\n"\n' for i in range(0, len(text), _ASM_LINE))
-    # a local label (no .globl): the table stays private to this library, as a static array would
-    return (f'__asm__(".section .rodata\\n.balign {size}\\n.type {name}, @object\\n"\n'
-            f'    ".size {name}, {len(text) * size}\\n{name}:\\n"\n{lines}    ".previous\\n");\n'
-            f'extern const {ctype} {name}[{len(text)}] __attribute__((visibility("hidden")));\n')
-
-
 # activation name -> C statement (the one table: sparta_explore/activations.py)
 _ACTIVATIONS = {name: act.c for name, act in ACTIVATIONS.items()}
 
@@ -212,7 +87,9 @@ def _tile_function(r: int, act: str, v: int) -> str:
                           f"ST(yb + (n0 + {i}) * TILE + t + {j} * VEC, v); }}")
             spill.append(f"ST(yb + (n0 + {i}) * TILE + t + {j} * VEC, a{i}{j});")
     return f"""
-static inline void tile{r}(const float *xb, float *yb, long t, long e, const float *W, const float *bias) {{
+static inline void tile{r}(const float *xb, float *yb, long t, long e, const float *W, const float *bias,
+                         const struct pattern *restrict P) {{
+    (void)P;
     const vf zero = {{0}}; const vf one = zero + 1.0f; (void)one;
     const long n0 = G_ROW0[E_G[e]];
     const int first = (E_FLAGS[e] & 1) != 0, last = (E_FLAGS[e] & 2) != 0;
@@ -354,16 +231,16 @@ def fp32_driver(name: str, body: str) -> str:
     return c_fill("fp32_driver.c", name=name, body=body)
 
 
-def fp32_source(vec: int, cfg: TileConfig, n_in: int, n_out: int, n_chunks: int, specialized: str, driver: str,
+def fp32_source(vec: int, cfg: TileConfig, n_in: int, n_out: int, specialized: str, driver: str,
                 defines: str = "", io: KernelIO = ROWS_IO) -> str:
     """A whole fp32 kernel source: shape macros, prelude, the pattern's tables and tiles, pack/unpack, driver."""
-    return c_fill("fp32_kernel.c", vec=vec, tile_vectors=cfg.tile_vectors, n_in=n_in, n_out=n_out, n_chunks=n_chunks,
+    return c_fill("fp32_kernel.c", vec=vec, tile_vectors=cfg.tile_vectors, n_in=n_in, n_out=n_out,
                   defines=io.defines + defines, prelude=_PRELUDE, specialized=specialized, unpack=io.unpack,
                   pack=io.pack, driver=driver)
 
 
-def pattern_tables(groups: Groups, n_out: int, act: str) -> tuple[str, list[int]]:
-    """The constant tables every kernel of a pattern bakes in (group rows, empty rows, chunk row ranges)."""
+def pattern_tables(groups: Groups, n_out: int, act: str) -> tuple[PatternTables, list[int]]:
+    """The tables every kernel of a pattern reads (chunk count, group rows, empty rows, chunk row ranges)."""
     if act not in _ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {act!r}")
     empty_rows = np.ones(n_out, dtype=bool)
@@ -372,39 +249,40 @@ def pattern_tables(groups: Groups, n_out: int, act: str) -> tuple[str, list[int]
     empty = np.flatnonzero(empty_rows)
     g0, _, n0, n1, ep = _chunks(groups, n_out, empty)
     # segments reach the C as panel entries and pieces (`entry_tables`), not as G_SEG* tables
-    tables = (_array("G_ROW0", groups.row0) + _array("G_ROWS", groups.rows) + _array("EMPTY_ROWS", empty)
-              + _array("C_N0", n0) + _array("C_N1", n1) + _array("C_EPTR", ep))
+    tables = (PatternTables().scalar("N_CHUNKS", len(g0)).array("G_ROW0", groups.row0).array("G_ROWS", groups.rows)
+              .array("EMPTY_ROWS", empty).array("C_N0", n0).array("C_N1", n1).array("C_EPTR", ep))
     return tables, g0
 
 
-def entry_tables(panels: Panels) -> str:
-    """The C tables of panel entries (E_*; kernels/panels.py); the pieces' tables are the caller's."""
-    return (_array("E_G", panels.e_group) + _array("E_P0", panels.e_piece0) + _array("E_P1", panels.e_piece1)
-            + _array("E_WOFF", panels.e_woff) + _array("E_FLAGS", panels.e_flags) + _array("E_PTR", panels.e_ptr))
+def entry_tables(panels: Panels) -> PatternTables:
+    """The tables of panel entries (E_*; kernels/panels.py); the pieces' tables are the caller's."""
+    return (PatternTables().array("E_G", panels.e_group).array("E_P0", panels.e_piece0).array("E_P1", panels.e_piece1)
+            .array("E_WOFF", panels.e_woff).array("E_FLAGS", panels.e_flags).array("E_PTR", panels.e_ptr))
 
 
 def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, name: str,
-                    cfg: TileConfig = TileConfig(), io: KernelIO = ROWS_IO) -> str:
-    """C source of `void {name}(X, Y, M, W, bias)`: X is M x K row-major, Y is M x N row-major.
+                    cfg: TileConfig = TileConfig(), io: KernelIO = ROWS_IO, as_data: bool = False) -> KernelSource:
+    """C source of `void {name}(X, Y, M, W, bias, P)`: X is M x K row-major, Y is M x N row-major.
 
     Work items are (tile of TILE rows of X) x (run of row chunks): each packs its tile of X
     K-major into a private buffer, runs its groups into a private N x TILE buffer, fills the
     rows no weight reaches, and writes its rows of that tile of Y. Large M takes all chunks
     per item (one pack per tile); small M splits chunks over threads. `io` says how tiles
-    are read and written (row-major X and Y, or a convolution's NCHW tensors).
+    are read and written (row-major X and Y, or a convolution's NCHW tensors). `as_data`: the
+    pattern's tables come at run time through `P` (kernels/pattern_data.py) and the source
+    depends on the shape, tiling and activation only; else they are baked in and `P` is unused.
     """
     tables, chunk_g0 = pattern_tables(groups, n_out, act)
-    n_chunks = len(chunk_g0)
     panels = cut_panels(groups, n_in, panel_rows(4 * cfg.tile_vectors * vec) if cfg.panel else max(1, n_in), chunk_g0)
     if io.one_word and int(panels.p_len.max(initial=1)) > 1:
         raise ValueError("this kernel I/O reads one k per piece: give it one-word segments (unit_segments)")
     p_x = io.offsets(panels.p_k0, cfg.tile_vectors * vec)
-    tables += entry_tables(panels) + _array("P_X", p_x) + _array("P_LEN", panels.p_len)
-    n_panels = panels.count
+    tables += entry_tables(panels).array("P_X", p_x).array("P_LEN", panels.p_len)
     dispatch = "\n".join(
-        f"{' ' * 24}case {r}: " + " ".join(f"tile{r}(xt, yb, {j} * {cfg.vectors_for(r)} * VEC, e, W, bias);"
+        f"{' ' * 24}case {r}: " + " ".join(f"tile{r}(xt, yb, {j} * {cfg.vectors_for(r)} * VEC, e, W, bias, P);"
                                          for j in range(cfg.tile_vectors // cfg.vectors_for(r))) + " break;"
         for r in range(1, cfg.rows + 1))
     tiles = "".join(_tile_function(r, act, cfg.vectors_for(r)) for r in range(1, cfg.rows + 1))
-    body = entry_loop(n_panels, dispatch, finish_tile(act))
-    return fp32_source(vec, cfg, n_in, n_out, n_chunks, tables + tiles, fp32_driver(name, body), io=io)
+    body = entry_loop(panels.count, dispatch, finish_tile(act))
+    text = fp32_source(vec, cfg, n_in, n_out, tables.c(as_data) + tiles, fp32_driver(name, body), io=io)
+    return KernelSource(text, tables, as_data)

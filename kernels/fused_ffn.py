@@ -37,7 +37,7 @@ DRIVER_NAME = "fused_pair"  # the driver library (plain C: no vector code, so it
 class _Layer(ctypes.Structure):
     _fields_ = [("run_tile", ctypes.c_void_p), ("W", ctypes.c_void_p), ("corr", ctypes.c_void_p),
                 ("ws", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("n_out", ctypes.c_long),
-                ("packed_bytes", ctypes.c_long)]
+                ("packed_bytes", ctypes.c_long), ("pattern", ctypes.c_void_p)]
 
 
 def why_not_fusable(first: torch.nn.Module, second: torch.nn.Module) -> str | None:
@@ -102,7 +102,7 @@ class FusedInt8Pair(CompiledOp):
     def _layer(op: Int8SparseLinear, run_tile: int, packed_bytes: int) -> _Layer:
         ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
         return _Layer(run_tile, ptr(op._packed), ptr(op._corr), ptr(op.weight_scale), ptr(op.bias),
-                      op.out_features, packed_bytes)
+                      op.out_features, packed_bytes, op.pattern_address)
 
     def _fast(self, x: torch.Tensor) -> torch.Tensor:
         if self._fn is None:  # unbound (loaded without a compiler, or its ops rebuilt apart): one after the other

@@ -27,59 +27,32 @@ from sparta_explore.fake_quant import qmax
 from sparta_explore.kernels.bsr_codegen import (
     _ACTIVATIONS,
     _PRELUDE,
-    R_MAX,
     ROWS_IO,
-    SHORT_SEGMENTS,
     UNPACK_TILE,
-    Groups,
     KernelIO,
     V,
-    _array,
     _vectors,
     act_rows_wide,
     entry_loop,
     entry_tables,
     finish_tile,
     pattern_tables,
-    plan_groups,
-    segment_blocks,
-    unit_segments,
 )
 from sparta_explore.kernels.c_templates import c_fill, c_text
+from sparta_explore.kernels.groups import (
+    R_MAX,
+    SHORT_SEGMENTS,
+    Groups,
+    align_segments,
+    plan_groups,
+    unit_segments,
+    word_index,
+)
 from sparta_explore.kernels.lowbit_codegen import ROWS, U8_PACK, VECTORS, accumulate_steps, u8_tile
 from sparta_explore.kernels.panels import L1_BUDGET, cut_panels, panel_rows
+from sparta_explore.kernels.pattern_data import KernelSource
 from sparta_explore.kernels.qtile import int32_slot, qtile
 from sparta_explore.kernels.vnni_codegen import DotMode, vnni_prelude, vnni_tile
-
-
-def align_segments(groups: Groups, multiple: int) -> Groups:
-    """Segments widened to start and end on multiples of `multiple` k (extra k carry zero weights).
-
-    Widened neighbours that now touch or overlap are merged, so no k is counted twice.
-
-    Example:
-        >>> g = align_segments(plan_groups(np.array([[0, 1, 0, 1, 0, 0, 0, 0]], dtype=bool), 1), 4)
-        >>> g.seg_k0.tolist(), g.seg_len.tolist()
-        ([0], [4])
-    """
-    k0s, lens, seg_ptr, w_off, offset = [], [], [0], [], 0
-    for g in range(len(groups.row0)):
-        w_off.append(offset)
-        merged: list[list[int]] = []
-        for s in range(int(groups.seg_ptr[g]), int(groups.seg_ptr[g + 1])):
-            a = int(groups.seg_k0[s]) // multiple * multiple
-            b = -(-(int(groups.seg_k0[s]) + int(groups.seg_len[s])) // multiple) * multiple
-            if merged and a <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], b)
-            else:
-                merged.append([a, b])
-        for a, b in merged:
-            k0s.append(a)
-            lens.append(b - a)
-            offset += (b - a) // multiple * int(groups.rows[g])
-        seg_ptr.append(len(k0s))
-    as_i = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
-    return Groups(groups.row0, groups.rows, as_i(seg_ptr), as_i(k0s), as_i(lens), as_i(w_off))
 
 
 def even_segments(groups: Groups) -> Groups:
@@ -102,12 +75,10 @@ def pack_pairs(wq: np.ndarray, groups: Groups) -> np.ndarray:
     n, k = wq.shape
     wpad = np.zeros((n, k + 1), dtype=np.int32)
     wpad[:, :k] = wq
-    parts = []
-    for block in segment_blocks(wpad, groups):  # (r, length), length even
-        lo, hi = block[:, 0::2], block[:, 1::2]
-        pairs = (lo & 0xFFFF) | (hi << 16)  # little endian: k even in the low half
-        parts.append(pairs.T.reshape(-1).astype(np.int32))
-    return np.concatenate(parts) if parts else np.zeros(1, dtype=np.int32)
+    rows, ks = word_index(groups, 2)  # segments are whole pairs (align_segments)
+    if not rows.size:
+        return np.zeros(1, dtype=np.int32)
+    return ((wpad[rows, ks] & 0xFFFF) | (wpad[rows, ks + 1] << 16)).astype(np.int32)  # little endian: k even low
 
 
 def _load_i32(i: int, j: int) -> str:
@@ -240,8 +211,9 @@ def scattered(groups: Groups, unit: int) -> bool:
 
 def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: str, act_bits: int = 8,
                          weight_bits: int = 8, variant: str = "int16", dot: DotMode | None = None,
-                         emulate: bool = False, panel_k: int = 0, io: KernelIO | None = None) -> str:
-    """C source of `void {name}(X, Y, M, W, corr, w_scale, bias)`: fp32 in and out, int8 inside.
+                         emulate: bool = False, panel_k: int = 0, io: KernelIO | None = None,
+                         as_data: bool = False) -> KernelSource:
+    """C source of `void {name}(X, Y, M, W, corr, w_scale, bias, xs, P)`: fp32 in and out, int8 inside.
 
     Activations are quantized on the symmetric `act_bits` grid (see sparta_explore.fake_quant).
     `variant` is what `prepare_groups` chose for these groups: "int16", "u8" (only for grids
@@ -249,10 +221,11 @@ def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: 
     quad variants need `corr` (lowbit_codegen.offset_correction). `panel_k` > 0 cuts K into
     panels of that many k (a multiple of the packed word; see `panel_k_for`). `io` replaces the
     row-major packing (quantized per row) and writing: e.g. a convolution's (`conv_geometry.py`).
+    `as_data`: the pattern's tables come at run time through `P` (kernels/pattern_data.py), so the
+    source holds no pattern (one build per shape class).
     """
     level = f"{qmax(act_bits)}.0f"
     tables, chunk_g0 = pattern_tables(groups, n_out, act)
-    n_chunks = len(chunk_g0)
     steps = accumulate_steps(weight_bits, act_bits)
     extra, finish = "", finish_tile(act)
     if variant == "u8":
@@ -281,7 +254,7 @@ def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: 
         raise ValueError(f"unknown int8 kernel variant {variant!r}")
     tile_rows = tile_rows_for(variant, dot)
     dispatch = "\n".join(
-        f"                        case {r}: " + " ".join(f"qtile{r}(xq, sx, yb, {j * m}, e, W, corr, ws, bias);"
+        f"                        case {r}: " + " ".join(f"qtile{r}(xq, sx, yb, {j * m}, e, W, corr, ws, bias, P);"
                                           for j in range(tile_rows // m)) + " break;"
         for r, m in rows_per_call.items())
     k_pad = -(-n_in // k_group) * k_group
@@ -289,12 +262,13 @@ def generate_int8_source(groups: Groups, n_out: int, n_in: int, act: str, name: 
     if io is not None and io.one_word and int(panels.p_len.max(initial=k_group)) > k_group:
         raise ValueError("this kernel I/O reads one word per piece: prepare the groups with one_word=True")
     x_off = (io or ROWS_IO).offsets(panels.p_k0, tile_rows, k_group)
-    entries = (entry_tables(panels) + _array("P_XOFF", x_off, "int32_t")
-               + _array("P_WORDS", panels.p_len // k_group, "int32_t"))
+    tables += entry_tables(panels).array("P_XOFF", x_off, "int32_t").array("P_WORDS", panels.p_len // k_group,
+                                                                          "int32_t")
     bits = 32 // k_group
-    return c_fill("int8_kernel.c", level=level, tile_rows=tile_rows, n_in=n_in, k_pad=k_pad, n_out=n_out,
-                  n_chunks=n_chunks, defines=io.defines if io else "", prelude=_PRELUDE, extra=extra,
-                  tables=tables + entries, tiles=tiles, unpack=io.unpack if io else UNPACK_TILE,
+    text = c_fill("int8_kernel.c", level=level, tile_rows=tile_rows, n_in=n_in, k_pad=k_pad, n_out=n_out,
+                  defines=io.defines if io else "", prelude=_PRELUDE, extra=extra,
+                  tables=tables.c(as_data), tiles=tiles, unpack=io.unpack if io else UNPACK_TILE,
                   row_scale=ROW_SCALE, pack=io.pack if io else pack, name=name, elem=elem,
                   loop=entry_loop(panels.count, dispatch, finish), word=k_group, bits=bits,
                   mask=hex((1 << bits) - 1), offset=0 if elem == "int16_t" else 128)
+    return KernelSource(text, tables, as_data)

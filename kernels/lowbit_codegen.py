@@ -18,8 +18,9 @@ from __future__ import annotations
 import numpy as np
 
 from sparta_explore.fake_quant import qmax
-from sparta_explore.kernels.bsr_codegen import _ACTIVATIONS, Groups, segment_blocks
+from sparta_explore.kernels.bsr_codegen import _ACTIVATIONS
 from sparta_explore.kernels.c_templates import c_text
+from sparta_explore.kernels.groups import Groups, word_index
 from sparta_explore.kernels.qtile import int32_slot, qtile
 
 ROWS = 3  # register tile: 3 rows x 2 vectors x (int16 partial + int32 sum) + 2 x + 1 weight = 15 ymm
@@ -43,9 +44,11 @@ def pack_quads(wq: np.ndarray, groups: Groups) -> np.ndarray:
     n, k = wq.shape
     wpad = np.zeros((n, k + 3), dtype=np.int8)
     wpad[:, :k] = wq
-    parts = [np.ascontiguousarray(block).view(np.int32).T.reshape(-1)  # little endian: k % 4 == 0 in the low byte
-             for block in segment_blocks(wpad, groups)]  # (r, length), length % 4 == 0
-    return np.concatenate(parts) if parts else np.zeros(1, dtype=np.int32)
+    rows, ks = word_index(groups, 4)  # segments are whole quads (align_segments)
+    if not rows.size:
+        return np.zeros(1, dtype=np.int32)
+    quads = np.stack([wpad[rows, ks + i] for i in range(4)], axis=1)  # little endian: k % 4 == 0 in the low byte
+    return np.ascontiguousarray(quads).view(np.int32).reshape(-1)
 
 
 def offset_correction(wq: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from sparta_explore.kernels.bsr_codegen import Groups
+    from sparta_explore.kernels.groups import Groups
 
 ONE_WORD = 4  # entry flag beside 1 (first) and 2 (last): every piece is one word, so kernels run one flat loop
 L1_BUDGET = 24 * 1024  # bytes of packed X per panel: most of a 32 KiB L1 data cache
@@ -54,46 +54,50 @@ def cut_panels(groups: Groups, n_in: int, rows: int, chunk_g0: list[int], word: 
     entries whose pieces are all one word are flagged `ONE_WORD` (kernels run them as one flat loop).
 
     Example:
-        >>> from sparta_explore.kernels.bsr_codegen import plan_groups
+        >>> from sparta_explore.kernels.groups import plan_groups
         >>> cut_panels(plan_groups(np.ones((1, 8), dtype=bool), 1), 8, 4, [0], word=4).e_woff.tolist()
         [0, 1]
     """
     if rows % word:
         raise ValueError(f"panel rows {rows} must be a multiple of the packed word ({word} k)")
     n_panels = max(1, -(-n_in // rows))
-    per_panel: list[list[tuple]] = [[] for _ in range(n_panels)]
-    for g in range(len(groups.row0)):
-        r, done = int(groups.rows[g]), 0
-        by_panel: dict[int, list[tuple[int, int, int]]] = {}
-        for s in range(int(groups.seg_ptr[g]), int(groups.seg_ptr[g + 1])):
-            k0, left = int(groups.seg_k0[s]), int(groups.seg_len[s])
-            while left > 0:
-                p = k0 // rows
-                length = min(left, (p + 1) * rows - k0)
-                by_panel.setdefault(p, []).append((k0, length, int(groups.w_off[g]) + done // word * r))
-                done += length
-                k0 += length
-                left -= length
-        order = sorted(by_panel)
-        for i, p in enumerate(order):
-            one_word = all(length == word for _, length, _ in by_panel[p])
-            flags = (1 if i == 0 else 0) | (2 if i == len(order) - 1 else 0) | (ONE_WORD if one_word else 0)
-            per_panel[p].append((g, by_panel[p], flags))
-    e_group, e_p0, e_p1, e_woff, e_flags, p_k0, p_len, e_ptr = [], [], [], [], [], [], [], []
-    bounds = list(chunk_g0) + [len(groups.row0)]
-    for entries in per_panel:
-        start = len(e_group)
-        groups_here = [g for g, _, _ in entries]
-        e_ptr += [start + int(np.searchsorted(groups_here, b)) for b in bounds]
-        for g, pieces, flags in entries:
-            e_group.append(g)
-            e_p0.append(len(p_k0))
-            e_woff.append(pieces[0][2])
-            e_flags.append(flags)
-            for k0, length, _ in pieces:
-                p_k0.append(k0)
-                p_len.append(length)
-            e_p1.append(len(p_k0))
+    n_groups = len(groups.row0)
+    owner = groups.owners()
+    # every segment cut at panel boundaries: one piece per panel it crosses, in group then k order
+    first_panel = groups.seg_k0 // rows
+    count = (groups.seg_k0 + groups.seg_len - 1) // rows - first_panel + 1
+    seg_of = np.repeat(np.arange(len(count)), count)
+    panel = first_panel[seg_of] + np.arange(seg_of.size) - np.repeat(_starts(count), count)
+    k0 = np.maximum(groups.seg_k0[seg_of], panel * rows)
+    length = np.minimum(groups.seg_k0[seg_of] + groups.seg_len[seg_of], (panel + 1) * rows) - k0
+    group = owner[seg_of]
+    before = np.cumsum(length) - length  # k of every piece before this one
+    done = before - before[np.searchsorted(group, group)]  # ... of its own group (pieces are in group order)
+    woff = groups.w_off[group] + done // word * groups.rows[group]
+    # entries: one per (panel, group) with pieces, ordered by panel then group (stable: pieces keep their k order)
+    order = np.lexsort((group, panel))
+    panel, group, k0, length, woff = panel[order], group[order], k0[order], length[order], woff[order]
+    key = panel * (n_groups + 1) + group
+    new_entry = np.ones(key.size, dtype=bool)
+    new_entry[1:] = key[1:] != key[:-1]
+    e_piece0 = np.flatnonzero(new_entry)
+    e_piece1 = np.append(e_piece0[1:], key.size) if e_piece0.size else e_piece0
+    e_key, e_group, e_panel = key[e_piece0], group[e_piece0], panel[e_piece0]
+    lo = np.full(n_groups, n_panels, dtype=np.int64)
+    hi = np.full(n_groups, -1, dtype=np.int64)
+    np.minimum.at(lo, e_group, e_panel)
+    np.maximum.at(hi, e_group, e_panel)
+    not_one_word = np.add.reduceat((length != word).astype(np.int64), e_piece0) if e_piece0.size else e_piece0
+    e_flags = ((e_panel == lo[e_group]) * 1 | (e_panel == hi[e_group]) * 2
+               | (not_one_word == 0) * ONE_WORD).astype(np.int64)
+    bounds = np.asarray(list(chunk_g0) + [n_groups], dtype=np.int64)
+    wanted = (np.arange(n_panels, dtype=np.int64)[:, None] * (n_groups + 1) + bounds[None, :]).reshape(-1)
+    e_ptr = np.searchsorted(e_key, wanted).astype(np.int64)
     as_i = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
-    return Panels(rows, as_i(e_group), as_i(e_p0), as_i(e_p1), as_i(e_woff), as_i(e_flags), as_i(p_k0),
-                  as_i(p_len), as_i(e_ptr), n_panels)
+    return Panels(rows, as_i(e_group), as_i(e_piece0), as_i(e_piece1), as_i(woff[e_piece0]), e_flags, as_i(k0),
+                  as_i(length), e_ptr, n_panels)
+
+
+def _starts(count: np.ndarray) -> np.ndarray:
+    """Where each run of `count` items starts in their concatenation."""
+    return np.cumsum(count) - count

@@ -25,11 +25,17 @@ from sparta_explore.kernels.bsr_codegen import (
     ROWS_IO,
     KernelIO,
     TileConfig,
-    _array,
-    _segments,
     fp32_driver,
     fp32_source,
 )
+from sparta_explore.kernels.groups import runs
+from sparta_explore.kernels.pattern_data import KernelSource, PatternTables
+
+
+def _segments(kept_cols: np.ndarray) -> list[tuple[int, int]]:
+    """Contiguous runs of True in a 1-D bool array, as (start, length)."""
+    _, start, length = runs(kept_cols[None, :])
+    return list(zip(start.tolist(), length.tolist()))
 
 
 @dataclass(frozen=True)
@@ -152,7 +158,9 @@ def _tile_function(r: int, v: int) -> str:
     fmas = " ".join(f"a{i}{j} += w[{i}] * x{j};" for i in range(r) for j in range(v))
     stores = " ".join(f"ST(y{i} + {j} * VEC, a{i}{j});" for i in range(r) for j in range(v))
     return f"""
-static inline void stile{r}(const float *xb, float *yb, long t, long e, const float *W) {{
+static inline void stile{r}(const float *xb, float *yb, long t, long e, const float *W,
+                          const struct pattern *restrict P) {{
+    (void)P;
     const long *rw = E_ROWS + e * R_ROWS;
     {rows}
     {acc}
@@ -170,8 +178,8 @@ static inline void stile{r}(const float *xb, float *yb, long t, long e, const fl
 
 
 def generate_segment_source(plan: SegmentPlan, n_out: int, n_in: int, vec: int, act: str, name: str,
-                            cfg: TileConfig, io: KernelIO = ROWS_IO) -> str:
-    """C source of `void {name}(X, Y, M, W, bias)` for the segment layout (same call as the rows layout).
+                            cfg: TileConfig, io: KernelIO = ROWS_IO, as_data: bool = False) -> KernelSource:
+    """C source of `void {name}(X, Y, M, W, bias, P)` for the segment layout (same call as the rows layout).
 
     Rows start at their bias in the tile buffer, entries add their panels, the activation
     runs over the rows, and they are transposed into Y. When K <= N this goes chunk by chunk
@@ -184,10 +192,11 @@ def generate_segment_source(plan: SegmentPlan, n_out: int, n_in: int, vec: int, 
         raise ValueError("the segment layout reads runs of k: it cannot run a one-k-per-piece kernel I/O")
     if plan.max_rows > cfg.rows:
         raise ValueError(f"plan has {plan.max_rows} rows per entry, the tile {cfg.rows}")
-    tables = (_array("C_N", plan.chunk_n) + _array("E_PTR", plan.e_ptr) + _array("E_ROWS", plan.e_rows.reshape(-1))
-              + _array("E_NR", plan.e_nrows) + _array("E_PIECE", plan.e_piece) + _array("P_K0", plan.p_k0)
-              + _array("P_LEN", plan.p_len) + _array("E_WOFF", plan.e_woff))
-    calls = {r: " ".join(f"stile{r}(xt, yb, {j} * {cfg.vectors_for(r)} * VEC, e, W);"
+    tables = (PatternTables().scalar("N_CHUNKS", len(plan.chunk_n) - 1).array("C_N", plan.chunk_n)
+              .array("E_PTR", plan.e_ptr).array("E_ROWS", plan.e_rows.reshape(-1)).array("E_NR", plan.e_nrows)
+              .array("E_PIECE", plan.e_piece).array("P_K0", plan.p_k0).array("P_LEN", plan.p_len)
+              .array("E_WOFF", plan.e_woff))
+    calls = {r: " ".join(f"stile{r}(xt, yb, {j} * {cfg.vectors_for(r)} * VEC, e, W, P);"
                          for j in range(cfg.tile_vectors // cfg.vectors_for(r))) for r in range(1, plan.max_rows + 1)}
     dispatch = "\n".join(f"                            case {r}: {call} break;" for r, call in calls.items())
     n_panels = len(plan.e_ptr) // len(plan.chunk_n)
@@ -223,5 +232,6 @@ def generate_segment_source(plan: SegmentPlan, n_out: int, n_in: int, vec: int, 
             }}
 """
     tiles = "".join(_tile_function(r, cfg.vectors_for(r)) for r in range(1, plan.max_rows + 1))
-    return fp32_source(vec, cfg, n_in, n_out, len(plan.chunk_n) - 1, tables + tiles, fp32_driver(name, body),
+    text = fp32_source(vec, cfg, n_in, n_out, tables.c(as_data) + tiles, fp32_driver(name, body),
                        f"#define R_ROWS {plan.max_rows}L\n", io)
+    return KernelSource(text, tables, as_data)

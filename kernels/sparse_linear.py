@@ -19,18 +19,10 @@ import torch.nn.functional as F
 from sparta_explore.activations import ACTIVATIONS
 from sparta_explore.fake_quant import qmax, quantized_linear
 from sparta_explore.kernels import output_pool
-from sparta_explore.kernels.bsr_codegen import (
-    ROWS_IO,
-    SHORT_SEGMENTS,
-    KernelIO,
-    TileConfig,
-    generate_source,
-    pack_weights,
-    plan_groups,
-    unit_segments,
-)
+from sparta_explore.kernels.bsr_codegen import ROWS_IO, KernelIO, TileConfig, generate_source
 from sparta_explore.kernels.build import BuiltLibrary, KernelBuildError, build, cpu_flags, load_library, vector_width
 from sparta_explore.kernels.compiled_op import CompiledOp
+from sparta_explore.kernels.groups import SHORT_SEGMENTS, pack_weights, plan_groups, unit_segments
 from sparta_explore.kernels.int8_codegen import (
     generate_int8_source,
     pack_pairs,
@@ -41,6 +33,7 @@ from sparta_explore.kernels.int8_codegen import (
     tile_rows_for,
 )
 from sparta_explore.kernels.lowbit_codegen import offset_correction, pack_quads
+from sparta_explore.kernels.pattern_data import KernelSource, pattern_struct
 from sparta_explore.kernels.segment_codegen import generate_segment_source, pack_segment_weights, plan_segments
 from sparta_explore.kernels.vnni_codegen import WIDE_MIN_M, DotMode, dot_mode, for_scattered, native_dot_mode
 
@@ -56,22 +49,28 @@ def check_linear_args(weight: torch.Tensor, kept: torch.Tensor, activation: str)
 
 
 def _rows_layout(weight: np.ndarray, kept: np.ndarray, block_rows: int, cfg: TileConfig, vec: int, act: str,
-                 name: str, io: KernelIO) -> tuple[str, np.ndarray]:
+                 name: str, io: KernelIO) -> tuple[KernelSource, np.ndarray]:
     # scattered rows: a predictable loop; an I/O whose k rows are not evenly spaced reads one k per piece
     groups = unit_segments(plan_groups(kept, block_rows, cfg.rows), 1, math.inf if io.one_word else SHORT_SEGMENTS)
-    source = generate_source(groups, kept.shape[0], kept.shape[1], vec, act, name, cfg, io)
+    source = generate_source(groups, kept.shape[0], kept.shape[1], vec, act, name, cfg, io, as_data=PATTERN_AS_DATA)
     return source, pack_weights(weight, kept, groups)
 
 
 def _segments_layout(weight: np.ndarray, kept: np.ndarray, block_rows: int, cfg: TileConfig, vec: int, act: str,
-                     name: str, io: KernelIO) -> tuple[str, np.ndarray]:
+                     name: str, io: KernelIO) -> tuple[KernelSource, np.ndarray]:
     plan = plan_segments(kept, cfg.rows)
-    source = generate_segment_source(plan, kept.shape[0], kept.shape[1], vec, act, name, cfg, io)
+    source = generate_segment_source(plan, kept.shape[0], kept.shape[1], vec, act, name, cfg, io,
+                                     as_data=PATTERN_AS_DATA)
     return source, pack_segment_weights(weight, kept, plan)
 
 
 # TileConfig.layout -> (C source, packed weights) of the fp32 kernel
 FP32_LAYOUTS = {"rows": _rows_layout, "segments": _segments_layout}
+
+
+# Kernels read their pattern as data (kernels/pattern_data.py): one library per shape class, tiling and precision,
+# shared by every layer and trial of that class, instead of one gcc run per pattern
+PATTERN_AS_DATA = True
 
 
 class KernelFallbackWarning(UserWarning):
@@ -107,6 +106,7 @@ class KernelLinear(CompiledOp):
         self.fallback_reason: str | None = None
         self.built: BuiltLibrary | None = None
         self._fn = None
+        self._keep_tables(None)
         if tile == "auto":
             from sparta_explore.kernels.tuning import search
 
@@ -125,6 +125,23 @@ class KernelLinear(CompiledOp):
             self._fn = None
             warnings.warn(f"{type(self).__name__} {self.out_features}x{self.in_features}: kernel unusable ({e}); "
                           "running the reference op", KernelFallbackWarning, stacklevel=2)
+
+    def _keep_tables(self, source: KernelSource | None) -> None:
+        """Hold the pattern tables a kernel built `as_data` reads at run time (None / baked: it reads none)."""
+        if source is not None and source.as_data:
+            self._tab64, self._tab32, self._layout = source.tables.blobs()
+        else:
+            self._tab64 = self._tab32 = self._layout = None
+        self._point_tables()
+
+    def _point_tables(self) -> None:
+        # `struct pattern` holds addresses: made again whenever the tables' tensors may have moved (copy, load)
+        self._struct = None if self._layout is None else pattern_struct(self._tab64, self._tab32, self._layout)
+
+    @property
+    def pattern_address(self) -> int | None:
+        """Address of the kernel's `struct pattern` (kernels/pattern_data.py), None when its tables are baked."""
+        return None if self._struct is None else self._struct.ctypes.data
 
     @property
     def kept(self) -> torch.Tensor:
@@ -168,6 +185,7 @@ class KernelLinear(CompiledOp):
         # ctypes handles cannot be pickled: keep the library's record and bind it again on load
         state = self.__dict__.copy()
         state.pop("_fn", None)
+        state.pop("_struct", None)
         built = state.get("built")
         state["built"] = None if built is None else built.detached()
         state["_bound"] = self._fn is not None
@@ -178,6 +196,9 @@ class KernelLinear(CompiledOp):
         state.pop("_library_path", None)  # written by older versions
         super().__setstate__(state)
         self._fn = None
+        for key in ("_tab64", "_tab32", "_layout"):  # written by versions that baked every pattern
+            self.__dict__.setdefault(key, None)
+        self._point_tables()
         if not bound or self.built is None or self.fallback_reason is not None:
             return
         try:
@@ -225,8 +246,9 @@ class SparseLinear(KernelLinear):
         name = "sparse_linear"
         source, packed = FP32_LAYOUTS[self.tile.layout](self.weight.numpy(), kept, block_rows, self.tile, self._vec,
                                                         self.activation, name, self._kernel_io())
-        self.built = build(source, name, cache_dir=cache_dir)
+        self.built = build(source.text, name, cache_dir=cache_dir)
         self._packed = torch.from_numpy(packed)
+        self._keep_tables(source)
         self._bind(self.built.lib)
 
     def _kernel_io(self) -> KernelIO:
@@ -236,12 +258,13 @@ class SparseLinear(KernelLinear):
     def _bind(self, lib: ctypes.CDLL) -> None:
         fn = lib.sparse_linear
         fn.restype = None
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
+                       ctypes.c_void_p]
         self._fn = fn
 
     def _run(self, x2: torch.Tensor, y: torch.Tensor, rows: int | None = None) -> None:
         self._fn(x2.data_ptr(), y.data_ptr(), x2.shape[0] if rows is None else rows, self._packed.data_ptr(),
-                 None if self.bias is None else self.bias.data_ptr())
+                 None if self.bias is None else self.bias.data_ptr(), self.pattern_address)
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """The masked dense op this kernel must match, in `x`'s dtype."""
@@ -338,8 +361,9 @@ class Int8SparseLinear(KernelLinear):
         panel_k = 0 if io is not None else panel_k_for(variant, self.dot, groups, kept.shape[1])
         source = generate_int8_source(groups, self.out_features, kept.shape[1], self.activation, name,
                                       self.act_bits, self.weight_bits, variant, self.dot, self.emulate_dot, panel_k,
-                                      io)
-        self.built = build(source, name, cache_dir=cache_dir)
+                                      io, as_data=PATTERN_AS_DATA)
+        self.built = build(source.text, name, cache_dir=cache_dir)
+        self._keep_tables(source)
         quads = variant != "int16"
         self._packed = torch.from_numpy(pack_quads(wq, groups) if quads else pack_pairs(wq, groups))
         self._corr = torch.from_numpy(offset_correction(wq)) if quads else None
@@ -350,7 +374,7 @@ class Int8SparseLinear(KernelLinear):
         fn = lib.sparse_linear_int8
         fn.restype = None
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
-                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         self._fn = fn
 
     def _run(self, x2: torch.Tensor, y: torch.Tensor, rows: int | None = None,
@@ -358,7 +382,7 @@ class Int8SparseLinear(KernelLinear):
         self._fn(x2.data_ptr(), y.data_ptr(), x2.shape[0] if rows is None else rows, self._packed.data_ptr(),
                  None if self._corr is None else self._corr.data_ptr(), self.weight_scale.data_ptr(),
                  None if self.bias is None else self.bias.data_ptr(),
-                 None if x_scales is None else x_scales.data_ptr())
+                 None if x_scales is None else x_scales.data_ptr(), self.pattern_address)
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """The same quantization in PyTorch (sparta_explore.fake_quant.quantized_linear), then the activation.

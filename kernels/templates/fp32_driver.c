@@ -1,4 +1,4 @@
-void ${name}(const float *X, float *Y, long M, const float *W, const float *bias) {
+void ${name}(const float *X, float *Y, long M, const float *W, const float *bias, const struct pattern *P) {
     const long tiles = (M + TILE - 1) / TILE;
     const long split = tiles >= 4 * omp_get_max_threads() ? 1 : N_CHUNKS;  /* chunk runs per tile */
     /* small M: every tile is packed once into a shared buffer, then chunks split over threads */

@@ -2,7 +2,6 @@
 #define TILE (${tile_vectors} * VEC)
 #define K_IN ${n_in}L
 #define N_OUT ${n_out}L
-#define N_CHUNKS ${n_chunks}L
 ${defines}#ifndef XB_FLOATS
 #define XB_FLOATS (K_IN * TILE)  /* floats of one packed X tile: K rows of TILE */
 #endif

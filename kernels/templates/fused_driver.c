@@ -8,7 +8,7 @@
    never goes to memory. The kernels are other libraries: their entry points come as pointers. */
 typedef void (*pack_rows_fn)(const float *X, void *xq, float *sx, long m0, long mt);
 typedef void (*run_tile_fn)(const void *xq, const float *sx, float *yb, const int32_t *W, const int32_t *corr,
-                            const float *ws, const float *bias);
+                            const float *ws, const float *bias, const void *pattern);
 typedef void (*pack_kmajor_fn)(const float *src, void *xq, float *sx);
 typedef void (*unpack_fn)(const float *yb, float *Y, long m0, long mt);
 
@@ -17,6 +17,7 @@ struct layer {
     const int32_t *W, *corr;
     const float *ws, *bias;
     long n_out, packed_bytes;
+    const void *pattern;  /* the kernel's pattern tables (kernels/pattern_data.py), NULL when baked */
 };
 
 void fused_pair(const float *X, float *Y, long M, long T, pack_rows_fn pack_rows, const struct layer *a,
@@ -34,9 +35,9 @@ void fused_pair(const float *X, float *Y, long M, long T, pack_rows_fn pack_rows
         for (long i = 0; i < tiles; ++i) {
             const long m0 = i * T, mt = M - m0 < T ? M - m0 : T;
             pack_rows(X, xa, sa, m0, mt);
-            a->run_tile(xa, sa, ya, a->W, a->corr, a->ws, a->bias);
+            a->run_tile(xa, sa, ya, a->W, a->corr, a->ws, a->bias, a->pattern);
             pack_kmajor(ya, xb, sb);
-            b->run_tile(xb, sb, yb, b->W, b->corr, b->ws, b->bias);
+            b->run_tile(xb, sb, yb, b->W, b->corr, b->ws, b->bias, b->pattern);
             unpack(yb, Y, m0, mt);
         }
         free(xa); free(xb); free(sa); free(sb); free(ya); free(yb);

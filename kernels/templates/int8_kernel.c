@@ -4,7 +4,6 @@
 #define K_IN ${n_in}L
 #define K_PAD ${k_pad}L
 #define N_OUT ${n_out}L
-#define N_CHUNKS ${n_chunks}L
 ${defines}#ifndef XB_ELEMS
 #define XB_ELEMS (K_PAD * TILE)  /* elements of one packed X tile: K rows of TILE */
 #endif
@@ -29,7 +28,7 @@ ${unpack}
 ${row_scale}
 ${pack}
 void ${name}(const float *X, float *Y, long M, const int32_t *W, const int32_t *corr, const float *ws,
-            const float *bias, const float *xs) {
+            const float *bias, const float *xs, const struct pattern *P) {
     const long tiles = (M + TILE - 1) / TILE;
     const long split = tiles >= 4 * omp_get_max_threads() ? 1 : N_CHUNKS;
     ${elem} *sq = split == 1 ? NULL : aligned_alloc(64, sizeof(${elem}) * XB_ELEMS * tiles);
@@ -74,7 +73,7 @@ void ${name}_pack_rows(const float *X, ${elem} *xq, float *sx, long m0, long mt)
 }
 
 void ${name}_run_tile(const ${elem} *xq, const float *sx, float *yb, const int32_t *W, const int32_t *corr,
-                      const float *ws, const float *bias) {
+                      const float *ws, const float *bias, const struct pattern *P) {
     /* every chunk of one tile into yb (N_OUT x TILE): sums, empty rows, activation; nothing to Y */
     const vf zero = {0}; const vf one = zero + 1.0f; (void)one;
     const long m0 = 0, mt = TILE, c0 = 0, c1 = N_CHUNKS;

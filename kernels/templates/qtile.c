@@ -1,6 +1,7 @@
 
 static inline void qtile${r}(const ${elem} *xq, const float *sx, float *yb, long t, long e, const int32_t *W,
-                           const int32_t *corr, const float *ws, const float *bias) {
+                           const int32_t *corr, const float *ws, const float *bias, const struct pattern *restrict P) {
+    (void)P;
 ${head}    const vf zero = {0}; const vf one = zero + 1.0f; (void)one;
     const long n0 = G_ROW0[E_G[e]];
     const int first = (E_FLAGS[e] & 1) != 0, last = (E_FLAGS[e] & 2) != 0;

@@ -5,8 +5,9 @@ import re
 import numpy as np
 import pytest
 
-from sparta_explore.kernels.bsr_codegen import TileConfig, generate_source, plan_groups
+from sparta_explore.kernels.bsr_codegen import TileConfig, generate_source
 from sparta_explore.kernels.c_templates import TEMPLATES, c_fill, c_text
+from sparta_explore.kernels.groups import plan_groups
 from sparta_explore.kernels.int8_codegen import generate_int8_source, prepare_groups
 from sparta_explore.kernels.vnni_codegen import DOT_MODES
 
@@ -26,9 +27,11 @@ def test_missing_value_raises():
 
 def test_generated_sources_have_no_placeholders_left():
     kept = np.random.default_rng(0).random((70, 100)) < 0.4
-    sources = [generate_source(plan_groups(kept, 1, TileConfig().rows), 70, 100, 8, "gelu", "k", TileConfig())]
+    sources = [generate_source(plan_groups(kept, 1, TileConfig().rows), 70, 100, 8, "gelu", "k", TileConfig(),
+                               as_data=as_data).text for as_data in (False, True)]
     for dot in (None, *DOT_MODES.values()):
         groups, variant = prepare_groups(kept, 1, 8, 8, dot)
-        sources.append(generate_int8_source(groups, 70, 100, "relu", "k8", 8, 8, variant, dot, emulate=True))
+        sources += [generate_int8_source(groups, 70, 100, "relu", "k8", 8, 8, variant, dot, emulate=True,
+                                         as_data=as_data).text for as_data in (False, True)]
     for src in sources:
         assert "${" not in src and "void k" in src and "#define K_IN 100L" in src

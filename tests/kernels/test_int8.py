@@ -43,7 +43,7 @@ def test_zero_rows_and_inputs_quantize_safely(tmp_path):
 def test_weight_pairs_pack_little_endian():
     wq, scale = quantize_rows(torch.tensor([[127.0, -127.0, 0.0, 63.5]]).numpy(), torch.ones(1, 4).bool().numpy())
     assert wq.tolist() == [[127, -127, 0, 64]] and scale.tolist() == [1.0]
-    from sparta_explore.kernels.bsr_codegen import plan_groups
+    from sparta_explore.kernels.groups import plan_groups
     from sparta_explore.kernels.int8_codegen import even_segments
     pairs = pack_pairs(wq, even_segments(plan_groups(torch.ones(1, 4).bool().numpy(), 1)))
     assert [(int(p) & 0xFFFF, int(p) >> 16) for p in pairs] == [(127, -127), (0, 64)]

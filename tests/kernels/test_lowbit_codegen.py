@@ -6,8 +6,8 @@ import torch
 
 from sparta_explore.fake_quant import qmax
 from sparta_explore.kernels import Int8SparseLinear
-from sparta_explore.kernels.bsr_codegen import plan_groups
-from sparta_explore.kernels.int8_codegen import align_segments, prepare_groups
+from sparta_explore.kernels.groups import align_segments, plan_groups
+from sparta_explore.kernels.int8_codegen import prepare_groups
 from sparta_explore.kernels.lowbit_codegen import MAX_STEPS, accumulate_steps, offset_correction, pack_quads
 
 from .test_sparse_linear import block_mask, check

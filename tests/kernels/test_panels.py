@@ -6,9 +6,9 @@ import torch
 
 from sparta_explore.kernels import Int8SparseLinear
 from sparta_explore.kernels import sparse_linear as sparse_linear_module
-from sparta_explore.kernels.bsr_codegen import plan_groups, unit_segments
 from sparta_explore.kernels.build import cpu_flags
-from sparta_explore.kernels.int8_codegen import align_segments, panel_k_for
+from sparta_explore.kernels.groups import align_segments, plan_groups, unit_segments
+from sparta_explore.kernels.int8_codegen import panel_k_for
 from sparta_explore.kernels.panels import ONE_WORD, cut_panels
 from sparta_explore.kernels.vnni_codegen import DOT_MODES
 

@@ -141,8 +141,8 @@ def test_emulated_source_has_no_vnni_instruction_and_native_source_has_it(mode):
     dot = dot_mode(mode)
     groups, variant = prepare_groups(kept, 16, 8, 8, dot)
     assert variant == "vnni"
-    native = generate_int8_source(groups, 16, 64, "none", "f", variant="vnni", dot=dot)
-    emulated = generate_int8_source(groups, 16, 64, "none", "f", variant="vnni", dot=dot, emulate=True)
+    native = generate_int8_source(groups, 16, 64, "none", "f", variant="vnni", dot=dot).text
+    emulated = generate_int8_source(groups, 16, 64, "none", "f", variant="vnni", dot=dot, emulate=True).text
     assert "dpbusd" in native and "dpbusd" not in emulated
 
 
@@ -158,8 +158,7 @@ def test_quads_are_chosen_unless_pairs_fit_the_pattern_exactly():
 
 @pytest.mark.parametrize("pattern", [(1, 1), (1, 32), (32, 32)])
 def test_unit_segments_keep_every_k_and_split_only_short_segments(pattern):
-    from sparta_explore.kernels.bsr_codegen import plan_groups
-    from sparta_explore.kernels.int8_codegen import align_segments, unit_segments
+    from sparta_explore.kernels.groups import align_segments, plan_groups, unit_segments
 
     kept = block_mask(48, 200, pattern, 0.05 if pattern == (1, 1) else 0.2).numpy()
     aligned = align_segments(plan_groups(kept, pattern[0], 6), 4)
@@ -183,7 +182,7 @@ def test_gelu_runs_as_a_wide_pass_on_16_lane_modes_only():
     for mode in MODES:
         dot = dot_mode(mode)
         groups, variant = prepare_groups(kept, 32, 8, 8, dot)
-        src = generate_int8_source(groups, 32, 64, "gelu", "f", variant=variant, dot=dot, emulate=True)
+        src = generate_int8_source(groups, 32, 64, "gelu", "f", variant=variant, dot=dot, emulate=True).text
         tiles = src[src.index("qtile1("):src.index("void f(")]
         assert ("act_rows(yb" in src) == (dot.lanes == 16)
         assert ("vgelu(" in tiles) == (dot.lanes != 16)
