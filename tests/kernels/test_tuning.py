@@ -5,7 +5,7 @@ import json
 import torch
 
 from sparta_explore.kernels import SparseLinear
-from sparta_explore.kernels.tuning import CANDIDATES, candidates, m_bucket, search
+from sparta_explore.kernels.tuning import CANDIDATES, candidates, m_bucket, pattern_class, search
 
 from .test_sparse_linear import block_mask, check
 
@@ -40,3 +40,18 @@ def test_auto_tile_layer_is_correct(tmp_path):
                          cache_dir=tmp_path)
     assert layer.tile in candidates(kept.numpy())
     check(layer, 70, 40)
+
+
+def test_masks_drawn_alike_share_one_search_and_others_do_not(tmp_path):
+    torch.manual_seed(0)
+    w = torch.randn(256, 128)
+    first, second = (torch.rand(256, 128) < 0.1 for _ in range(2))
+    assert not torch.equal(first, second)
+    assert pattern_class(first.numpy(), 1) == pattern_class(second.numpy(), 1)
+    for kept in (first, second):
+        search(w, None, kept, block_rows=1, activation="none", m=64, cache_dir=tmp_path, repeats=1)
+    assert len(list((tmp_path / "tuning").glob("*.json"))) == 1  # one search for the class
+    blocks = block_mask(256, 128, (1, 32), 0.3)
+    assert pattern_class(blocks.numpy(), 1) != pattern_class(first.numpy(), 1)
+    search(w, None, blocks, block_rows=1, activation="none", m=64, cache_dir=tmp_path, repeats=1)
+    assert len(list((tmp_path / "tuning").glob("*.json"))) == 2
