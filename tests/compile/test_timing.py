@@ -1,0 +1,37 @@
+"""Whole-model timing in compile: a settled race stops early and never changes who wins."""
+
+import time
+from types import SimpleNamespace
+
+from sparta_explore.compile import timing
+
+
+class Sleeper:
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.calls = seconds, 0
+
+    def __call__(self, *args) -> None:
+        self.calls += 1
+        time.sleep(self.seconds)
+
+
+def fake_graph():
+    return SimpleNamespace(run=lambda m: m(), call_args=(), call_kwargs={})
+
+
+def test_settled_race_drops_the_slow_and_stops_after_min_rounds():
+    dense, fast, slow = Sleeper(0.02), Sleeper(0.004), Sleeper(0.03)
+    ms = timing.alternating_ms(fake_graph(), [dense, fast, slow], runs=20, settle=True)
+    assert min(range(3), key=ms.__getitem__) == 1
+    assert slow.calls == 1  # warm-up only: past OUT_OF_RACE times the fastest warm-up
+    assert dense.calls == fast.calls == 1 + timing.MIN_ROUNDS  # the baseline is always timed
+    assert ms[2] >= 25  # its warm-up stands as its figure
+
+
+def test_close_race_runs_every_round_and_without_settle_nothing_is_dropped():
+    a, b = Sleeper(0.05), Sleeper(0.052)  # slow enough that `runs` rounds fill the time budget
+    timing.alternating_ms(fake_graph(), [a, b], runs=6, settle=True)
+    assert a.calls == b.calls == 1 + 6  # within CLEAR_MARGIN: no early stop
+    dense, fast, slow = Sleeper(0.01), Sleeper(0.002), Sleeper(0.02)
+    timing.alternating_ms(fake_graph(), [dense, fast, slow], runs=4)
+    assert dense.calls == fast.calls == slow.calls > 1 + timing.MIN_ROUNDS
