@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import time
 import warnings
 
 import numpy as np
@@ -107,24 +108,34 @@ class KernelLinear(CompiledOp):
         self.built: BuiltLibrary | None = None
         self._fn = None
         self._keep_tables(None)
-        if tile == "auto":
+        start = time.perf_counter()
+        tile_searched = tile == "auto"
+        if tile_searched:
             from sparta_explore.kernels.tuning import search
 
             tile = search(weight, bias, kept, block_rows=block_rows, activation=activation, m=expected_m,
                           cache_dir=cache_dir)
+        searched = time.perf_counter()
         if not isinstance(tile, TileConfig):
             raise ValueError(f"tile must be a TileConfig or 'auto', got {tile!r}")
         self.tile = tile
         self.expected_m = int(expected_m)
+        built = checked = searched
         try:
             self._build(kept_np, self.block_rows, cache_dir)
+            built = time.perf_counter()
             if check:
                 self._check()
+            checked = time.perf_counter()
         except (KernelBuildError, OSError, AssertionError, ValueError) as e:
             self.fallback_reason = str(e)
             self._fn = None
             warnings.warn(f"{type(self).__name__} {self.out_features}x{self.in_features}: kernel unusable ({e}); "
                           "running the reference op", KernelFallbackWarning, stacklevel=2)
+        gcc = self.built.build_seconds if self.built is not None else 0.0
+        # where this op's construction went (compile's breakdown, `CompiledModel.compile_times`)
+        self.build_seconds = {"tile search": searched - start if tile_searched else 0.0, "gcc + load": min(gcc, max(0.0, built - searched)),
+                              "codegen": max(0.0, built - searched - gcc), "kernel check": max(0.0, checked - built)}
 
     def _keep_tables(self, source: KernelSource | None) -> None:
         """Hold the pattern tables a kernel built `as_data` reads at run time (None / baked: it reads none)."""

@@ -11,6 +11,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import time
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -58,6 +59,24 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).abs().max()) / (1.0 + float(want.abs().max())) if want.numel() else 0.0
 
 
+# where compile's time on one op goes, in `OpPlan.seconds` (`CompiledModel.compile_times` sums them)
+STEPS = ("tile search", "codegen", "gcc + load", "kernel check", "lowering", "reference check", "timing")
+
+
+def _spend(op: OpPlan, step: str, seconds: float) -> None:
+    op.seconds[step] = op.seconds.get(step, 0.0) + max(0.0, seconds)
+
+
+def _account_build(op: OpPlan, module: nn.Module, seconds: float) -> None:
+    """Split `seconds` of lowering `module` into its kernels' own steps and the rest ("lowering")."""
+    inner = 0.0
+    for m in module.modules():
+        for step, s in getattr(m, "build_seconds", {}).items():
+            _spend(op, step, s)
+            inner += s
+    _spend(op, "lowering", seconds - inner)
+
+
 def _fell_back(module: nn.Module) -> str | None:
     for m in module.modules():
         if getattr(m, "fallback_reason", None):
@@ -68,12 +87,16 @@ def _fell_back(module: nn.Module) -> str | None:
 def _try_candidate(op: OpPlan, candidate: Candidate, ctx: LowerContext, x: torch.Tensor
                    ) -> tuple[nn.Module | None, str | None]:
     """(module, None), or (None, why it cannot be used): built, and checked on the op's real input."""
+    start = time.perf_counter()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a kernel falling back is reported below, once, by the compiler
             module = lower(candidate, ctx)
     except (ValueError, OSError, RuntimeError) as e:
+        _spend(op, "lowering", time.perf_counter() - start)
         return None, f"{candidate.name}: build failed ({e})"
+    _account_build(op, module, time.perf_counter() - start)
+    start = time.perf_counter()
     why = _fell_back(module)
     if why is not None and candidate.name != "dense":
         return None, f"{candidate.name}: kernel unusable ({why})"
@@ -82,15 +105,20 @@ def _try_candidate(op: OpPlan, candidate: Candidate, ctx: LowerContext, x: torch
             err = relative_error(module(x), module.reference(x))
     except (RuntimeError, ValueError, IndexError) as e:
         return None, f"{candidate.name}: failed on the example input ({e})"
+    finally:
+        _spend(op, "reference check", time.perf_counter() - start)
     tol = OP_TOLERANCE[FP32 if narrowest(candidate) == FP32 else 8]
     if not err <= tol:
         return None, f"{candidate.name}: error {err:.2e} over {tol:.0e} on the example input"
     return module, None
 
 
-def _timed(modules: dict[str, nn.Module], x: torch.Tensor, runs: int) -> dict[str, float]:
+def _timed(op: OpPlan, modules: dict[str, nn.Module], x: torch.Tensor, runs: int) -> dict[str, float]:
+    start = time.perf_counter()
     with torch.inference_mode():
-        return fastest_ms(modules, x, runs)
+        times = fastest_ms(modules, x, runs)
+    _spend(op, "timing", time.perf_counter() - start)
+    return times
 
 
 def choose(op: OpPlan, ctx: LowerContext, x: torch.Tensor, mode: str, runs: int, tune: bool = False,
@@ -133,13 +161,13 @@ def choose(op: OpPlan, ctx: LowerContext, x: torch.Tensor, mode: str, runs: int,
         warnings.warn(f"op {op.op!r}: no candidate could run; its own module runs, masked", CompileWarning,
                       stacklevel=3)
         return None
-    op.measured_ms.update(_timed(built, x, runs))  # interleaved: a burst of load hits every candidate alike
+    op.measured_ms.update(_timed(op, built, x, runs))  # interleaved: a burst of load hits every candidate alike
     op.chosen = min(built, key=op.measured_ms.get)
     if tune and any(p.kernel == "sparse" for p in op.candidate(op.chosen).parts):
         tuned_ctx = dataclasses.replace(ctx, tune=True)
         module, why = _try_candidate(op, op.candidate(op.chosen), tuned_ctx, x)
         if module is not None:
-            times = _timed({"untuned": built[op.chosen], "tuned": module}, x, runs)
+            times = _timed(op, {"untuned": built[op.chosen], "tuned": module}, x, runs)
             if times["tuned"] < times["untuned"]:
                 built[op.chosen] = module
             op.measured_ms[op.chosen] = min(times.values())

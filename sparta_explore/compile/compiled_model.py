@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn.modules import module as _module
 
 from sparta_explore.compile.choose import CompileWarning
+from sparta_explore.compile.compile_times import op_frame, stage_frame, times_text
 from sparta_explore.compile.record import CompileRecord, summary_text
 from sparta_explore.errors import InputDtypeError
 from sparta_explore.plan import ExecutionPlan
@@ -88,14 +89,16 @@ class CompiledModel(nn.Module):
     def __init__(self, module: fx.GraphModule, plan: ExecutionPlan | None, checks: pd.DataFrame, seconds: float,
                  unread: list[str], fp32_error: float, passes: pd.DataFrame | None = None,
                  guard: dict | None = None, size_guard: SizeGuard | None = None,
-                 input_dtypes: Mapping[int | str, torch.dtype] | None = None, *, record: CompileRecord | None = None
-                 ) -> None:
+                 input_dtypes: Mapping[int | str, torch.dtype] | None = None, *, record: CompileRecord | None = None,
+                 compile_times: pd.DataFrame | None = None) -> None:
         super().__init__()
         self.module = module
         self.plan = plan
         self.record = record or CompileRecord()
         self.checks = checks
         self.seconds = seconds
+        # where `seconds` went, per stage (compile/compile_times.py); per op: `op_compile_times`
+        self.compile_times = compile_times if compile_times is not None else stage_frame({}, [], seconds)
         self.unread = unread
         self.fp32_error = fp32_error
         self.passes = passes if passes is not None else pd.DataFrame(columns=["pass", "changed", "seconds", "notes"])
@@ -119,6 +122,15 @@ class CompiledModel(nn.Module):
         """One row per planned op: its shape, candidates, choice, measured and dense times, notes."""
         return self.plan.table() if self.plan is not None else self.record.report
 
+    @property
+    def op_compile_times(self) -> pd.DataFrame:
+        """One row per planned op: compile's seconds on it by step (tile search, codegen, gcc + load, checks, timing).
+
+        Example:
+            >>> cm.op_compile_times.sort_values("total").tail(1)  # doctest: +SKIP
+        """
+        return op_frame(self.plan.ops.values() if self.plan is not None else [])
+
     def save(self, path: str | os.PathLike, **options: Any) -> Path:
         """Write this model as one package file (`sparta_explore.compile.package.save`); returns its path.
 
@@ -135,7 +147,8 @@ class CompiledModel(nn.Module):
         Example:
             >>> print(cm.summary())   # doctest: +SKIP
         """
-        return summary_text(self.report, self.passes, self.checks, self.guard, self.record.notes)
+        return summary_text(self.report, self.passes, self.checks, self.guard, self.record.notes) + \
+            f"\ncompile time: {times_text(self.compile_times)}"
 
     def train(self, mode: bool = True) -> CompiledModel:
         # an exported module refuses train()/eval(): its dropout mode was fixed at export

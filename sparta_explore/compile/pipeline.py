@@ -39,6 +39,7 @@ import torch.fx as fx
 from torch import nn
 
 from sparta_explore.compile.choose import TOLERANCE, choose, record_inputs, same_as_masked, tolerance
+from sparta_explore.compile.compile_times import stage_frame
 from sparta_explore.compile.compiled_model import CompiledModel, SizeGuard, floating_dtypes
 from sparta_explore.compile.config import CompileConfig
 from sparta_explore.compile.epilogue import fuse_epilogues
@@ -81,10 +82,15 @@ def _pass_frame(reports: list[PassReport], kernel_rows: list[dict]) -> pd.DataFr
     return pd.DataFrame(rows + kernel_rows, columns=["pass", "changed", "seconds", "notes"])
 
 
-def _choose_all(working: Graph, execution: ExecutionPlan, config: CompileConfig) -> dict[str, nn.Module]:
-    """Build, check and time every planned op's candidates on its recorded input; the chosen modules by op."""
+def _choose_all(working: Graph, execution: ExecutionPlan, config: CompileConfig,
+                stages: dict[str, float]) -> dict[str, nn.Module]:
+    """Build, check and time every planned op's candidates on its recorded input; the chosen modules by op.
+
+    Adds its own stages' seconds to `stages` (the ops keep theirs in `OpPlan.seconds`)."""
     planned = list(execution.ops.values())
+    t0 = time.perf_counter()
     op_inputs = record_inputs(working, planned)
+    stages["record inputs"] = time.perf_counter() - t0
     compiled: dict[str, nn.Module] = {}
     for op in planned:
         if op.site.module_target is not None and len(working.module_nodes(op.site.module_target)) > 1:
@@ -108,7 +114,9 @@ def _choose_all(working: Graph, execution: ExecutionPlan, config: CompileConfig)
         if op.op in compiled:
             _swap(working.module, op, compiled[op.op])
     if config.fuse and config.runs_pass("fuse_int8_pairs") and config.choose == "measured":
+        t0 = time.perf_counter()
         fuse_pairs(working.module, planned, compiled, op_inputs, config.runs, config.cache_dir)
+        stages["kernel passes"] = time.perf_counter() - t0
     return compiled
 
 
@@ -166,15 +174,21 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
         return compile_in_place(graph.root, graph, table, config, plan)
     if isinstance(model, Graph) and example_inputs is not None:
         graph = capture(graph.module, example_inputs, method="graph_module")  # same module, other inputs
+    stages = {"capture": time.perf_counter() - start}
+    t0 = time.perf_counter()
     prepared = prepare(graph, table, config, plan)
+    stages["prepare"] = time.perf_counter() - t0
     table, input_table, usable, unread, trusted = (prepared.table, prepared.input_table, prepared.usable,
                                                    prepared.unread, prepared.trusted)
     names = () if plan is not None else config.graph_passes()
+    t0 = time.perf_counter()
     working, work_table, reports = run_passes(prepared.working, usable, names,
                                               PassOptions(config.runs, config.cache_dir))
+    t1 = time.perf_counter()
     execution = offered(working, work_table, prepared, plan)
     before_kernels = editable(working)  # the passes' model with no kernels: the guard's other candidate
-    compiled = _choose_all(working, execution, config)
+    stages.update({"graph passes": t1 - t0, "plan": time.perf_counter() - t1})
+    compiled = _choose_all(working, execution, config, stages)
     gm = working.module
     kernel_rows = []
     if config.runs_pass("fuse_epilogue"):
@@ -183,10 +197,12 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
         fuse_epilogues(working, before_kernels, {})
         kernel_rows.append({"pass": "fuse_epilogue", "seconds": round(time.perf_counter() - t0, 3), "notes": "",
                             "changed": ", ".join(f"{k} {v}" for k, v in counts.items() if v) or "nothing"})
+        stages["kernel passes"] = stages.get("kernel passes", 0.0) + time.perf_counter() - t0
     for module in (gm, before_kernels):
         module.graph.lint()
         module.recompile()
     tol = tolerance([execution.ops[name] for name in compiled])
+    t0 = time.perf_counter()
     references = [("table", trusted)]
     if input_table is not None:
         references.append(("input table", table_reference(graph, input_table)[0]))
@@ -195,6 +211,8 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
         next(iter(execution.ops.values())).notes.append(
             f"{len(unread)} table entries name parameters the forward never reads: skipped ({unread[0]}, ...)")
     fallback = _eager_reference(graph, usable, trusted, tol)
+    stages["checks"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     record = None
     if config.guard and run is gm:
         candidates = {"compiled": gm}
@@ -209,10 +227,15 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
             rows.append(check_row("table (graph passes only)", error, tol))
             if not error <= tol:
                 run = gm
+    stages["guard"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     fp32_error = model_error(graph, run, table_reference(graph, table, grids=False)[0])
+    stages["checks"] += time.perf_counter() - t0
     size_guard = _size_guard(graph, run, fallback) if run is not fallback else None
     kept = CompileRecord(graph=graph, table=usable, input_table=input_table,
                          example=(tuple(graph.call_args), dict(graph.call_kwargs)), tolerance=tol)
-    return CompiledModel(run, execution, pd.DataFrame(rows), time.perf_counter() - start, unread, fp32_error,
+    total = time.perf_counter() - start
+    return CompiledModel(run, execution, pd.DataFrame(rows), total, unread, fp32_error,
                          passes=_pass_frame(reports, kernel_rows), guard=record, size_guard=size_guard,
-                         input_dtypes=floating_dtypes(graph.call_args, graph.call_kwargs), record=kept)
+                         input_dtypes=floating_dtypes(graph.call_args, graph.call_kwargs), record=kept,
+                         compile_times=stage_frame(stages, execution.ops.values(), total))
