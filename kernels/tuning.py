@@ -17,6 +17,7 @@ import math
 import os
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
 import numpy as np
@@ -139,12 +140,15 @@ def search(weight: torch.Tensor, bias: torch.Tensor | None, kept: torch.Tensor, 
         except (OSError, ValueError, KeyError, TypeError):
             pass  # a torn or foreign cache entry: search again and overwrite it
     x = torch.randn(min(m, 2048), kept.shape[1], generator=torch.Generator().manual_seed(0))
-    layers = {}
-    for cfg in candidates(kept_np):
-        layer = SparseLinear(weight, bias, kept, block_rows=block_rows, activation=activation, cache_dir=cache_dir,
-                             tile=cfg, check=False)
-        if layer.fallback_reason is None:
-            layers[cfg] = layer
+    def make(cfg: TileConfig) -> SparseLinear:
+        return SparseLinear(weight, bias, kept, block_rows=block_rows, activation=activation, cache_dir=cache_dir,
+                            tile=cfg, check=False)
+
+    offered = candidates(kept_np)
+    # built side by side: each is mostly a gcc process (the codegen is array code), so the cores share them
+    with ThreadPoolExecutor(max_workers=max(1, min(len(offered), os.cpu_count() or 1))) as pool:
+        built = list(pool.map(make, offered))
+    layers = {cfg: layer for cfg, layer in zip(offered, built) if layer.fallback_reason is None}
     timings = _time_interleaved(layers, x, repeats)
     best = min(timings, key=timings.get) if timings else TileConfig()
     record = {"best": asdict(best), "seconds": {str(asdict(c)): t for c, t in timings.items()}}

@@ -53,8 +53,8 @@ from sparta_explore.compile.passes.graph_edit import editable
 from sparta_explore.compile.passes.pipeline import PassReport, run_passes
 from sparta_explore.compile.prepare import offered, prepare
 from sparta_explore.compile.record import CompileRecord
-from sparta_explore.compile.table_reference import table_reference
-from sparta_explore.compile.verify import check_row, model_error, verified_module
+from sparta_explore.compile.table_reference import has_grids, table_reference
+from sparta_explore.compile.verify import ModelOutputs, check_row, verified_module
 from sparta_explore.errors import SpartaError
 from sparta_explore.graph import Graph, capture
 from sparta_explore.masking import apply_table
@@ -126,7 +126,8 @@ def _channels_last(module: nn.Module) -> bool:
         w.is_contiguous(memory_format=torch.channels_last)
 
 
-def _eager_reference(graph: Graph, table: Mapping[str, TeSA], trusted: nn.Module, tol: float) -> nn.Module:
+def _eager_reference(graph: Graph, table: Mapping[str, TeSA], trusted: nn.Module, tol: float,
+                     outputs: ModelOutputs) -> nn.Module:
     """What runs when nothing compiled is faster: for an fp32 table the user's own model, masked (no graph, no
     wrapper: a tiny model's latency is mostly call overhead), checked against `trusted`; else `trusted`."""
     if tol != TOLERANCE[FP32] or not isinstance(graph.root, nn.Module) or graph.root is graph.module:
@@ -135,7 +136,7 @@ def _eager_reference(graph: Graph, table: Mapping[str, TeSA], trusted: nn.Module
         eager = apply_table(deep_copy(graph.root), table)
     except SpartaError:
         return trusted  # the table names the captured graph's tensors, not the model's own
-    return eager if model_error(graph, eager, trusted) <= tol else trusted
+    return eager if outputs.error(eager, trusted) <= tol else trusted
 
 
 def _size_guard(graph: Graph, gm: fx.GraphModule, fallback: nn.Module) -> SizeGuard | None:
@@ -206,11 +207,12 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
     references = [("table", trusted)]
     if input_table is not None:
         references.append(("input table", table_reference(graph, input_table)[0]))
-    run, rows = verified_module(graph, gm, execution, compiled, references, tol, config.verify)
+    outputs = ModelOutputs(graph)
+    run, rows = verified_module(graph, gm, execution, compiled, references, tol, config.verify, outputs)
     if unread and execution.ops:
         next(iter(execution.ops.values())).notes.append(
             f"{len(unread)} table entries name parameters the forward never reads: skipped ({unread[0]}, ...)")
-    fallback = _eager_reference(graph, usable, trusted, tol)
+    fallback = _eager_reference(graph, usable, trusted, tol, outputs)
     stages["checks"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     record = None
@@ -223,13 +225,14 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
                 candidates["model as given, masked"] = fallback
         name, run, record = guarded(graph, candidates, trusted, config.runs)
         if name == "graph passes only":
-            error = model_error(graph, run, trusted)
+            error = outputs.error(run, trusted)
             rows.append(check_row("table (graph passes only)", error, tol))
             if not error <= tol:
                 run = gm
     stages["guard"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    fp32_error = model_error(graph, run, table_reference(graph, table, grids=False)[0])
+    fp32 = table_reference(graph, table, grids=False)[0] if has_grids(table) else trusted  # the same without grids
+    fp32_error = outputs.error(run, fp32)
     stages["checks"] += time.perf_counter() - t0
     size_guard = _size_guard(graph, run, fallback) if run is not fallback else None
     kept = CompileRecord(graph=graph, table=usable, input_table=input_table,

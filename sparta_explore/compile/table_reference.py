@@ -65,6 +65,17 @@ def _grid(tesa: TeSA) -> int | None:
     return top if top in INT_BITS else None
 
 
+def has_grids(table: Mapping[str, TeSA]) -> bool:
+    """Whether any tensor of `table` is kept on an integer grid (else `table_reference` is the same with or
+    without `grids`).
+
+    Example:
+        >>> has_grids({"w": TeSA.dense((2, 2))})
+        False
+    """
+    return any(_grid(t) is not None for t in table.values())
+
+
 def table_reference(graph: Graph, table: Mapping[str, TeSA], *, grids: bool = True
                     ) -> tuple[fx.GraphModule, list[str]]:
     """A copy of the captured module with `table`'s pruning (and weight grids) applied; and the unread names.

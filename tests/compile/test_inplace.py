@@ -15,7 +15,7 @@ from sparta_explore.pruners import prune
 from sparta_explore.pruners.block import BlockPruneConfig
 
 
-def _kernels_win(fns, x, runs):  # the choice is not under test here: the kernel candidate wins
+def _kernels_win(op, fns, x, runs):  # the choice is not under test here: the kernel candidate wins
     return {name: 2.0 if name == "dense" else 1.0 for name in fns}
 
 
