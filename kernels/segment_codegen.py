@@ -72,14 +72,20 @@ def sharing(kept: np.ndarray, panel: int | None = None) -> float:
         >>> sharing(np.ones((8, 64), dtype=bool))
         8.0
     """
+    if not kept.size:
+        return 0.0
     panel = panel or panel_width(kept)
-    pairs = distinct = 0
-    for k0 in range(0, kept.shape[1], panel):
-        sub = kept[:, k0:k0 + panel]
-        live = sub[sub.any(axis=1)]
-        if len(live):
-            pairs += len(live)
-            distinct += len(np.unique(np.packbits(live, axis=1), axis=0))
+    n, k = kept.shape
+    width = -(-k // panel) * panel
+    bits = np.zeros((n, width), dtype=bool)
+    bits[:, :k] = kept
+    packed = np.packbits(bits.reshape(n, width // panel, panel), axis=2)  # (rows, panels, panel / 8 bytes)
+    # one key per (row, panel): the panel's bits as bytes; rows per distinct non-zero key, all panels at once
+    keys = np.ascontiguousarray(packed).view(np.dtype((np.void, packed.shape[2]))).reshape(n, -1)
+    keys = np.sort(keys, axis=0)
+    live = keys != np.zeros(1, dtype=keys.dtype)
+    pairs = int(live.sum())
+    distinct = int(live[:1].sum()) + int(((keys[1:] != keys[:-1]) & live[1:]).sum())
     return pairs / distinct if distinct else 0.0
 
 

@@ -15,16 +15,21 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from torch import nn
 
 from sparta_explore.compile.timing import alternating_ms
 from sparta_explore.graph import Graph
 
 
-def guarded(graph: Graph, candidates: dict[str, nn.Module], reference: nn.Module, runs: int
+def guarded(graph: Graph, candidates: dict[str, nn.Module], reference: nn.Module, runs: int,
+            warm: Mapping[str, float] | None = None, estimates: Mapping[str, float] | None = None
             ) -> tuple[str, nn.Module, dict]:
     """The fastest of `candidates` (all computing what the table asks), or `reference` if even that is slower than
-    the dense model and the reference is faster; its name, the module and the timing record.
+    the dense model and the reference is faster; its name, the module and the timing record. `warm`: seconds of
+    a first call some candidates made already; `estimates`: what a candidate's call would take (see
+    `alternating_ms`): a candidate far slower than the fastest is then never called.
 
     Example:
         >>> name, module, record = guarded(graph, {"compiled": gm}, ref, runs=5)   # doctest: +SKIP
@@ -32,7 +37,10 @@ def guarded(graph: Graph, candidates: dict[str, nn.Module], reference: nn.Module
         True
     """
     names = list(candidates)
-    times = alternating_ms(graph, [graph.module, *candidates.values()], runs, settle=True)
+    index = {name: i + 1 for i, name in enumerate(names)}  # 0 is the dense model
+    by_index = lambda d: {index[n]: s for n, s in (d or {}).items() if n in index and s is not None}  # noqa: E731
+    times = alternating_ms(graph, [graph.module, *candidates.values()], runs, settle=True, warm=by_index(warm),
+                           estimates=by_index(estimates))
     dense_ms, measured = times[0], dict(zip(names, times[1:]))
     best = min(names, key=measured.get)
     record = {"dense_ms": dense_ms, **{f"{n}_ms": t for n, t in measured.items()}}

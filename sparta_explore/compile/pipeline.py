@@ -126,23 +126,29 @@ def _channels_last(module: nn.Module) -> bool:
         w.is_contiguous(memory_format=torch.channels_last)
 
 
-def _eager_reference(graph: Graph, table: Mapping[str, TeSA], trusted: nn.Module, tol: float,
-                     outputs: ModelOutputs) -> nn.Module:
-    """What runs when nothing compiled is faster: for an fp32 table the user's own model, masked (no graph, no
-    wrapper: a tiny model's latency is mostly call overhead), checked against `trusted`; else `trusted`."""
+def _eager_model(graph: Graph, table: Mapping[str, TeSA], tol: float) -> nn.Module | None:
+    """For an fp32 table the user's own model, masked (no graph, no wrapper: a tiny model's latency is mostly call
+    overhead), not yet checked; None when there is none (quantized, or the table names the captured graph only)."""
     if tol != TOLERANCE[FP32] or not isinstance(graph.root, nn.Module) or graph.root is graph.module:
-        return trusted
-    try:
-        eager = apply_table(deep_copy(graph.root), table)
-    except SpartaError:
-        return trusted  # the table names the captured graph's tensors, not the model's own
-    return eager if outputs.error(eager, trusted) <= tol else trusted
-
-
-def _size_guard(graph: Graph, gm: fx.GraphModule, fallback: nn.Module) -> SizeGuard | None:
-    """Inputs of other sizes run `fallback` when a pass baked the example's sizes into `gm` (bias maps)."""
-    if not any(name.startswith(SIZE_SPECIALIZED) for name, _ in gm.named_buffers()):
         return None
+    try:
+        return apply_table(deep_copy(graph.root), table)
+    except SpartaError:
+        return None  # the table names the captured graph's tensors, not the model's own
+
+
+def _checked(eager: nn.Module | None, trusted: nn.Module, tol: float, outputs: ModelOutputs) -> nn.Module:
+    """What runs when nothing compiled is faster: `eager` where it matches `trusted`, else `trusted`."""
+    return eager if eager is not None and outputs.error(eager, trusted) <= tol else trusted
+
+
+def _size_specialized(gm: nn.Module) -> bool:
+    """Whether a pass baked the example's sizes into `gm` (bias maps)."""
+    return any(name.startswith(SIZE_SPECIALIZED) for name, _ in gm.named_buffers())
+
+
+def _size_guard(graph: Graph, gm: fx.GraphModule, fallback: nn.Module) -> SizeGuard:
+    """Inputs of other sizes run `fallback`: a pass baked the example's sizes into `gm` (bias maps)."""
     shapes = tuple(tuple(x.shape[1:]) if isinstance(x, torch.Tensor) else None for x in graph.call_args)
     return SizeGuard(shapes, fallback)
 
@@ -212,21 +218,25 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
     if unread and execution.ops:
         next(iter(execution.ops.values())).notes.append(
             f"{len(unread)} table entries name parameters the forward never reads: skipped ({unread[0]}, ...)")
-    fallback = _eager_reference(graph, usable, trusted, tol, outputs)
+    eager = _eager_model(graph, usable, tol)  # checked only where it may run (it costs a model run)
     stages["checks"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     record = None
     if config.guard and run is gm:
         candidates = {"compiled": gm}
+        # first calls made by the checks, and what the others would take (they compute what a checked model did)
+        warm, estimates = {"compiled": outputs.seconds(gm)}, {}
         if tol == TOLERANCE[FP32]:  # fp32: the passes' model without kernels and the masked model compute the same
             if reports:
                 candidates["graph passes only"] = before_kernels
-            if fallback is not trusted:
-                candidates["model as given, masked"] = fallback
-        name, run, record = guarded(graph, candidates, trusted, config.runs)
-        if name == "graph passes only":
+                estimates["graph passes only"] = outputs.seconds("ops reference")
+            if eager is not None:
+                candidates["model as given, masked"] = eager
+                estimates["model as given, masked"] = outputs.seconds(trusted)
+        name, run, record = guarded(graph, candidates, trusted, config.runs, warm, estimates)
+        if name in ("graph passes only", "model as given, masked"):
             error = outputs.error(run, trusted)
-            rows.append(check_row("table (graph passes only)", error, tol))
+            rows.append(check_row(f"table ({name})", error, tol))
             if not error <= tol:
                 run = gm
     stages["guard"] = time.perf_counter() - t0
@@ -234,7 +244,9 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
     fp32 = table_reference(graph, table, grids=False)[0] if has_grids(table) else trusted  # the same without grids
     fp32_error = outputs.error(run, fp32)
     stages["checks"] += time.perf_counter() - t0
-    size_guard = _size_guard(graph, run, fallback) if run is not fallback else None
+    size_guard = None
+    if run is not eager and run is not trusted and _size_specialized(run):
+        size_guard = _size_guard(graph, run, _checked(eager, trusted, tol, outputs))
     kept = CompileRecord(graph=graph, table=usable, input_table=input_table,
                          example=(tuple(graph.call_args), dict(graph.call_kwargs)), tolerance=tol)
     total = time.perf_counter() - start

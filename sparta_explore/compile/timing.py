@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -22,41 +23,63 @@ BUDGET_S = 0.25
 MAX_ROUNDS = 300
 MIN_ROUNDS = 3
 CLEAR_MARGIN = 0.8  # the fastest under this share of every other module's median: more rounds cannot change the order
+WIDE_MARGIN = 0.5  # ... under half of every other: one round fewer suffices
 OUT_OF_RACE = 1.5  # a module whose warm-up call took this many times the fastest warm-up is timed no further
 
 
-def alternating_ms(graph: Graph, modules: list[nn.Module], runs: int, settle: bool = False) -> list[float]:
+def alternating_ms(graph: Graph, modules: list[nn.Module], runs: int, settle: bool = False,
+                   warm: Mapping[int, float] | None = None, estimates: Mapping[int, float] | None = None
+                   ) -> list[float]:
     """Median ms of each module called like `graph`'s model, calls alternating between them (after one warm-up each).
 
     At least `runs` rounds (3 at the least), more for fast models: up to a quarter second in all.
     `settle` (a race: only the fastest matters) saves the rounds that cannot change the winner,
     which on a large model are most of a compile's seconds: after the warm-up, modules past
     `OUT_OF_RACE` times the fastest warm-up are timed no further (the first module, the
-    baseline, always is; the warm-up stands as their figure), and after `MIN_ROUNDS` rounds
-    the timing stops once the fastest median is under `CLEAR_MARGIN` of every other one.
+    baseline, always is; the warm-up or estimate stands as their figure), and after `MIN_ROUNDS` rounds
+    the timing stops once the fastest median is under `CLEAR_MARGIN` of every other one (one
+    round sooner under `WIDE_MARGIN`).
+    `warm` (by index: seconds) are first calls made already (a compile's checks ran the model):
+    no warm-up for those. `estimates` (by index) stand in for a module's warm-up in that first
+    cut (a module computing what another already ran does); one still in the race is warmed up.
 
     Example:
         >>> dense_ms, compiled_ms = alternating_ms(graph, [graph.module, gm], runs=5)   # doctest: +SKIP
     """
+    known = dict(warm or {}) if settle else {}
+    guessed = {i: s for i, s in (estimates or {}).items() if i not in known} if settle else {}
     with torch.inference_mode():
-        warm = []
-        for m in modules:  # warm-up: first calls build kernels for new sizes, fault in pages
-            t0 = time.perf_counter()
-            graph.run(m)
-            warm.append(time.perf_counter() - t0)
+        first = dict(known)
+        for i, m in enumerate(modules):  # warm-up: first calls build kernels for new sizes, fault in pages
+            if i not in known and i not in guessed:
+                first[i] = _call_seconds(graph, m)
+        fastest = min(list(first.values()) + list(guessed.values()))
+        racing = [i for i in range(len(modules))
+                  if not settle or i == 0 or first.get(i, guessed.get(i, 0.0)) <= OUT_OF_RACE * fastest]
+        for i in racing:
+            if i not in first:  # an estimate that left it in the race: warm it up for real
+                first[i] = _call_seconds(graph, modules[i])
+        warm_s = [first.get(i, guessed.get(i, 0.0)) for i in range(len(modules))]
         # tiny models get more rounds (about a quarter second in all): their medians move with every call's overhead
-        runs = max(MIN_ROUNDS, runs, min(MAX_ROUNDS, int(BUDGET_S / max(sum(warm), 1e-6))))
-        racing = [i for i, w in enumerate(warm) if not settle or i == 0 or w <= OUT_OF_RACE * min(warm)]
+        runs = max(MIN_ROUNDS, runs, min(MAX_ROUNDS, int(BUDGET_S / max(sum(warm_s), 1e-6))))
         timed: dict[int, list[float]] = {i: [] for i in racing}
         for done in range(1, runs + 1):
             calls = interleaved_ms([modules[i] for i in racing], 1, tuple(graph.call_args), graph.call_kwargs)
             for i, t in zip(racing, calls):
                 timed[i] += t
-            if settle and done >= MIN_ROUNDS and _settled([statistics.median(t) for t in timed.values()]):
+            medians = [statistics.median(t) for t in timed.values()] if settle else []
+            if settle and (done >= MIN_ROUNDS and _settled(medians, CLEAR_MARGIN)
+                           or done >= MIN_ROUNDS - 1 and _settled(medians, WIDE_MARGIN)):
                 break
-    return [statistics.median(timed[i]) if i in timed else w * 1e3 for i, w in enumerate(warm)]
+    return [statistics.median(timed[i]) if i in timed else w * 1e3 for i, w in enumerate(warm_s)]
 
 
-def _settled(medians: list[float]) -> bool:
+def _call_seconds(graph: Graph, module: nn.Module) -> float:
+    t0 = time.perf_counter()
+    graph.run(module)
+    return time.perf_counter() - t0
+
+
+def _settled(medians: list[float], margin: float) -> bool:
     best = min(medians)
-    return sum(m * CLEAR_MARGIN <= best for m in medians) == 1
+    return sum(m * margin <= best for m in medians) == 1

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -58,14 +59,26 @@ class ModelOutputs:
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
-        self._seen: dict[int, tuple[nn.Module, list[torch.Tensor]]] = {}  # the module kept: its id stays unique
+        # by id, with the module kept (its id stays unique): outputs and the seconds of that first call
+        self._seen: dict[int, tuple[nn.Module, list[torch.Tensor], float]] = {}
+        self.labels: dict[str, nn.Module] = {}
 
-    def of(self, module: nn.Module) -> list[torch.Tensor]:
-        """The floating outputs of `module` on the graph's example inputs."""
+    def of(self, module: nn.Module, label: str | None = None) -> list[torch.Tensor]:
+        """The floating outputs of `module` on the graph's example inputs (`label` names it for `seconds`)."""
         if id(module) not in self._seen:
+            start = time.perf_counter()
             with torch.inference_mode():
-                self._seen[id(module)] = (module, tensor_leaves(self.graph.run(module)))
+                out = tensor_leaves(self.graph.run(module))
+            self._seen[id(module)] = (module, out, time.perf_counter() - start)
+        if label is not None:
+            self.labels[label] = module
         return self._seen[id(module)][1]
+
+    def seconds(self, module: nn.Module | str) -> float | None:
+        """Wall seconds of the first call of `module` (or of the module labelled so), None if it never ran here."""
+        module = self.labels.get(module) if isinstance(module, str) else module
+        seen = self._seen.get(id(module)) if module is not None else None
+        return None if seen is None else seen[2]
 
     def error(self, a: nn.Module, b: nn.Module) -> float:
         """The largest relative error between the outputs of `a` and `b`."""
@@ -109,6 +122,7 @@ def verified_module(graph: Graph, gm: fx.GraphModule, execution: ExecutionPlan, 
     """The module to run (`gm`, or the reference that a failed check falls back to) and the check rows."""
     outputs = outputs or ModelOutputs(graph)
     reference = reference_module(gm, compiled)
+    outputs.of(reference, label="ops reference")  # the passes' model at dense speed: the guard's estimate of it
     ops_error = outputs.error(gm, reference)
     rows = [check_row("ops", ops_error, tol)]
     run: nn.Module = gm

@@ -16,7 +16,7 @@ def graph():
 
 def _clock(monkeypatch, ms: dict) -> None:
     # the decision is the guard's; what the clock says is the test's
-    monkeypatch.setattr(guard, "alternating_ms", lambda graph, modules, runs, settle=False: [ms[id(m)] for m in modules])
+    monkeypatch.setattr(guard, "alternating_ms", lambda graph, modules, runs, **kw: [ms[id(m)] for m in modules])
 
 
 def test_the_fastest_candidate_runs(graph, monkeypatch):

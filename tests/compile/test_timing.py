@@ -3,6 +3,8 @@
 import time
 from types import SimpleNamespace
 
+import pytest
+
 from sparta_explore.compile import timing
 
 
@@ -24,7 +26,7 @@ def test_settled_race_drops_the_slow_and_stops_after_min_rounds():
     ms = timing.alternating_ms(fake_graph(), [dense, fast, slow], runs=20, settle=True)
     assert min(range(3), key=ms.__getitem__) == 1
     assert slow.calls == 1  # warm-up only: past OUT_OF_RACE times the fastest warm-up
-    assert dense.calls == fast.calls == 1 + timing.MIN_ROUNDS  # the baseline is always timed
+    assert dense.calls == fast.calls == timing.MIN_ROUNDS  # the baseline is always timed; under half: a round less
     assert ms[2] >= 25  # its warm-up stands as its figure
 
 
@@ -35,3 +37,14 @@ def test_close_race_runs_every_round_and_without_settle_nothing_is_dropped():
     dense, fast, slow = Sleeper(0.01), Sleeper(0.002), Sleeper(0.02)
     timing.alternating_ms(fake_graph(), [dense, fast, slow], runs=4)
     assert dense.calls == fast.calls == slow.calls > 1 + timing.MIN_ROUNDS
+
+
+def test_calls_made_already_are_not_repeated_and_estimates_keep_the_slow_out():
+    dense, fast, slow = Sleeper(0.02), Sleeper(0.004), Sleeper(0.03)
+    ms = timing.alternating_ms(fake_graph(), [dense, fast, slow], runs=20, settle=True, warm={1: 0.004},
+                               estimates={2: 0.03})
+    assert slow.calls == 0 and ms[2] == pytest.approx(30.0)  # the estimate stands: never called
+    assert fast.calls == dense.calls - 1  # its warm-up was the checks' call
+    close = Sleeper(0.0045)
+    timing.alternating_ms(fake_graph(), [dense, fast, close], runs=3, settle=True, estimates={2: 0.0045})
+    assert close.calls >= 1 + 1  # still in the race: warmed up for real, then timed

@@ -108,3 +108,23 @@ def test_large_m_runs_one_tile_per_item(tmp_path, shape, tile):
     layer = SparseLinear(torch.randn(n, k), torch.randn(n), block_mask(n, k, (1, 32), 0.3), activation="gelu",
                          tile=tile, cache_dir=tmp_path)
     check(layer, 1000, k)  # >= 4 tiles per thread: every item packs its own tile (no shared buffer)
+
+
+def _loop_sharing(kept, panel):
+    pairs = distinct = 0
+    for k0 in range(0, kept.shape[1], panel):
+        live = kept[:, k0:k0 + panel][kept[:, k0:k0 + panel].any(axis=1)]
+        if len(live):
+            pairs += len(live)
+            distinct += len(np.unique(np.packbits(live, axis=1), axis=0))
+    return pairs / distinct if distinct else 0.0
+
+
+@pytest.mark.parametrize("shape", [(96, 200), (37, 53), (1, 1), (0, 5)])
+@pytest.mark.parametrize("density", [0.0, 0.1, 0.5, 1.0])
+@pytest.mark.parametrize("panel", [8, 24, 32, 64])
+def test_sharing_equals_a_loop_over_panels(shape, density, panel):
+    kept = np.random.default_rng(0).random(shape) < density
+    if shape[0] > 8:
+        kept[: shape[0] // 2] = kept[0]  # rows that share every panel's pattern
+    assert sharing(kept, panel) == _loop_sharing(kept, panel)

@@ -141,5 +141,7 @@ def fold_batchnorm(graph: Graph, table: Table, options: PassOptions) -> PassResu
         gm.graph.erase_node(bn)
         renames[bn.name] = src.name
         folded += 1
+    if not folded:  # nothing to fold: the same graph (recording shapes anew costs a model run)
+        return PassResult(graph, table, {"batchnorms folded": 0})
     new = finished(graph, gm)
     return PassResult(new, carried(entries, new, renames), {"batchnorms folded": folded})
