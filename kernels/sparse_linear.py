@@ -110,6 +110,7 @@ class KernelLinear(CompiledOp):
         self._keep_tables(None)
         start = time.perf_counter()
         tile_searched = tile == "auto"
+        self.tile_searched = tile_searched  # the tiling a (cached) search chose: a tune step has nothing to add
         if tile_searched:
             from sparta_explore.kernels.tuning import search
 
@@ -134,7 +135,8 @@ class KernelLinear(CompiledOp):
                           "running the reference op", KernelFallbackWarning, stacklevel=2)
         gcc = self.built.build_seconds if self.built is not None else 0.0
         # where this op's construction went (compile's breakdown, `CompiledModel.compile_times`)
-        self.build_seconds = {"tile search": searched - start if tile_searched else 0.0, "gcc + load": min(gcc, max(0.0, built - searched)),
+        self.build_seconds = {"tile search": searched - start if tile_searched else 0.0,
+                              "gcc + load": min(gcc, max(0.0, built - searched)),
                               "codegen": max(0.0, built - searched - gcc), "kernel check": max(0.0, checked - built)}
 
     def _keep_tables(self, source: KernelSource | None) -> None:

@@ -19,6 +19,7 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -120,6 +121,35 @@ def _time(layer, x: torch.Tensor, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _record_path(kept: np.ndarray, block_rows: int, activation: str, m: int,
+                 cache_dir: str | os.PathLike | None) -> Path:
+    key = content_key({"shape": list(kept.shape), "pattern": pattern_class(kept, block_rows), "act": activation,
+                       "bucket": m_bucket(m), "cpu": sorted(cpu_flags()), "cc": compiler_version(),
+                       "threads": torch.get_num_threads(), "version": TUNING_VERSION})
+    return resolve_cache_dir(cache_dir, "tuning") / f"{key}.json"
+
+
+def _read(path: Path) -> TileConfig | None:
+    if not path.exists():
+        return None
+    try:
+        return TileConfig(**json.loads(path.read_text())["best"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a torn or foreign cache entry: search again and overwrite it
+
+
+def searched(kept: np.ndarray, block_rows: int, activation: str, m: int,
+             cache_dir: str | os.PathLike | None = None) -> TileConfig | None:
+    """The tiling a search already found for this pattern's class (`search`'s cache), or None: nothing is timed.
+
+    Example:
+        >>> import tempfile
+        >>> searched(np.ones((4, 4), dtype=bool), 4, "none", 64, cache_dir=tempfile.mkdtemp()) is None
+        True
+    """
+    return _read(_record_path(kept, block_rows, activation, m, cache_dir))
+
+
 def search(weight: torch.Tensor, bias: torch.Tensor | None, kept: torch.Tensor, *, block_rows: int, activation: str,
            m: int, cache_dir: str | os.PathLike | None = None, repeats: int = 5) -> TileConfig:
     """The fastest candidate tiling for this pattern's class at about `m` rows of input (cached per class).
@@ -130,16 +160,12 @@ def search(weight: torch.Tensor, bias: torch.Tensor | None, kept: torch.Tensor, 
     from sparta_explore.kernels.sparse_linear import SparseLinear  # the module under test builds through us
 
     kept_np = kept.cpu().numpy().astype(bool)
-    key = content_key({"shape": list(kept.shape), "pattern": pattern_class(kept_np, block_rows), "act": activation,
-                       "bucket": m_bucket(m), "cpu": sorted(cpu_flags()), "cc": compiler_version(),
-                       "threads": torch.get_num_threads(), "version": TUNING_VERSION})
-    path = resolve_cache_dir(cache_dir, "tuning") / f"{key}.json"
-    if path.exists():
-        try:
-            return TileConfig(**json.loads(path.read_text())["best"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # a torn or foreign cache entry: search again and overwrite it
+    path = _record_path(kept_np, block_rows, activation, m, cache_dir)
+    found = _read(path)
+    if found is not None:
+        return found
     x = torch.randn(min(m, 2048), kept.shape[1], generator=torch.Generator().manual_seed(0))
+
     def make(cfg: TileConfig) -> SparseLinear:
         return SparseLinear(weight, bias, kept, block_rows=block_rows, activation=activation, cache_dir=cache_dir,
                             tile=cfg, check=False)

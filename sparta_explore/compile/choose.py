@@ -133,6 +133,13 @@ def _built(op: OpPlan, candidates: list[Candidate], ctx: LowerContext, x: torch.
     return built
 
 
+def _tuned_already(module: nn.Module) -> bool:
+    """Whether every tiled kernel in `module` runs the tiling its class's search chose
+    (`LowerContext.searched_tiles`)."""
+    tiled = [m for m in module.modules() if hasattr(m, "tile_searched")]
+    return bool(tiled) and all(m.tile_searched for m in tiled)
+
+
 def _timed(op: OpPlan, modules: dict[str, nn.Module], x: torch.Tensor, runs: int) -> dict[str, float]:
     start = time.perf_counter()
     with torch.inference_mode():
@@ -192,7 +199,8 @@ def choose(op: OpPlan, ctx: LowerContext, x: torch.Tensor, mode: str, runs: int,
     if not all(name in op.measured_ms for name in built):
         op.measured_ms.update(_timed(op, built, x, runs))
     op.chosen = min(built, key=op.measured_ms.get)
-    if tune and any(p.kernel == "sparse" for p in op.candidate(op.chosen).parts):
+    if tune and any(p.kernel == "sparse" for p in op.candidate(op.chosen).parts) \
+            and not _tuned_already(built[op.chosen]):
         tuned_ctx = dataclasses.replace(ctx, tune=True)
         module, why = _try_candidate(op, op.candidate(op.chosen), tuned_ctx, x)
         if module is not None:

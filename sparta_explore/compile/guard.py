@@ -28,7 +28,7 @@ def guarded(graph: Graph, candidates: dict[str, nn.Module], reference: nn.Module
             ) -> tuple[str, nn.Module, dict]:
     """The fastest of `candidates` (all computing what the table asks), or `reference` if even that is slower than
     the dense model and the reference is faster; its name, the module and the timing record. `warm`: seconds of
-    a first call some candidates made already; `estimates`: what a candidate's call would take (see
+    a first call some candidates (or "dense") made already; `estimates`: what a candidate's call would take (see
     `alternating_ms`): a candidate far slower than the fastest is then never called.
 
     Example:
@@ -37,7 +37,7 @@ def guarded(graph: Graph, candidates: dict[str, nn.Module], reference: nn.Module
         True
     """
     names = list(candidates)
-    index = {name: i + 1 for i, name in enumerate(names)}  # 0 is the dense model
+    index = {"dense": 0, **{name: i + 1 for i, name in enumerate(names)}}
     by_index = lambda d: {index[n]: s for n, s in (d or {}).items() if n in index and s is not None}  # noqa: E731
     times = alternating_ms(graph, [graph.module, *candidates.values()], runs, settle=True, warm=by_index(warm),
                            estimates=by_index(estimates))

@@ -20,12 +20,13 @@ import torch
 from torch import nn
 
 from sparta_explore.fake_quant import fake_quantize_rows
+from sparta_explore.kernels.bsr_codegen import TileConfig
 from sparta_explore.kernels.conv_geometry import ConvGeometry
 from sparta_explore.kernels.dense import DenseConv2d, DenseLinear, ShrunkConv2d, SummedParts
 from sparta_explore.kernels.shrink import ShrunkLinear
 from sparta_explore.kernels.sparse_conv import ImplicitConvLinear, Int8ConvLinear, SparseConv2d
 from sparta_explore.kernels.sparse_linear import Int8SparseLinear, SparseLinear
-from sparta_explore.kernels.tuning import default_tile
+from sparta_explore.kernels.tuning import default_tile, searched
 from sparta_explore.plan.execution_plan import FP32, Candidate, SubOp
 from sparta_explore.registry import Registry
 
@@ -35,7 +36,9 @@ class LowerContext:
     """What every builder needs besides the sub-operator: the original module, fusion, rows, cache.
 
     `in_shape` is the shape of the op's input in the captured run, when known: convolutions
-    bake their input size into an implicit-GEMM kernel.
+    bake their input size into an implicit-GEMM kernel. `tune` runs the tile search (cached per
+    pattern class); `searched_tiles` takes the tiling a search already found for the class, if
+    any, and times nothing (a later layer or trial of the class is built tuned the first time).
     """
 
     module: nn.Module
@@ -44,6 +47,15 @@ class LowerContext:
     cache_dir: str | os.PathLike | None
     tune: bool
     in_shape: tuple[int, ...] | None = None
+    searched_tiles: bool = False
+
+
+def _tile(mask: torch.Tensor, block_rows: int, activation: str, ctx: LowerContext) -> TileConfig | str:
+    """"auto" (search, or its cached result) or the default tiling for one sparse sub-operator."""
+    kept = mask.cpu().numpy().astype(bool)
+    if ctx.tune or ctx.searched_tiles and searched(kept, block_rows, activation, ctx.m, ctx.cache_dir) is not None:
+        return "auto"
+    return default_tile(kept, block_rows)
 
 
 Builder = Callable[[SubOp, torch.Tensor | None, str, LowerContext], nn.Module]
@@ -105,7 +117,7 @@ def _shrink_linear(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.M
 
 @register_builder("sparse", "linear")
 def _sparse_linear(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Module:
-    tile = "auto" if ctx.tune else default_tile(sub.mask.cpu().numpy().astype(bool), sub.block[0])
+    tile = _tile(sub.mask, sub.block[0], activation, ctx)
     return SparseLinear(part_weight(ctx.module, sub), bias, sub.mask, block_rows=sub.block[0], activation=activation,
                         cache_dir=ctx.cache_dir, tile=tile, expected_m=ctx.m)
 
@@ -136,7 +148,7 @@ def _sparse_conv(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Mod
     conv = ctx.module
     weight = part_weight(conv, sub).reshape(conv.out_channels, -1)
     mask = sub.mask.reshape(conv.out_channels, -1)
-    tile = "auto" if ctx.tune else default_tile(mask.cpu().numpy().astype(bool), sub.block[0])
+    tile = _tile(mask, sub.block[0], activation, ctx)
     options = dict(block_rows=sub.block[0], activation=activation, cache_dir=ctx.cache_dir, tile=tile,
                    expected_m=ctx.m)
     if ctx.in_shape is not None and len(ctx.in_shape) == 4:

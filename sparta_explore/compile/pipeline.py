@@ -101,7 +101,7 @@ def _choose_all(working: Graph, execution: ExecutionPlan, config: CompileConfig,
         if _channels_last(module):  # the memory_format pass chose NHWC: kernels reading NCHW would reorder
             op.candidates = [c for c in op.candidates if all(p.kernel in ("dense", "shrink") for p in c.parts)]
             op.notes.append("channels-last model: NCHW conv kernels not offered")
-        ctx = LowerContext(module, op.activation, op.m, config.cache_dir, tune=False,
+        ctx = LowerContext(module, op.activation, op.m, config.cache_dir, tune=False, searched_tiles=config.tune,
                            in_shape=tuple(op_inputs[op.op].shape))
         module = choose(op, ctx, op_inputs[op.op], config.choose, config.runs, tune=config.tune,
                         given=dict(config.choices).get(op.op))
@@ -225,7 +225,8 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
     if config.guard and run is gm:
         candidates = {"compiled": gm}
         # first calls made by the checks, and what the others would take (they compute what a checked model did)
-        warm, estimates = {"compiled": outputs.seconds(gm)}, {}
+        # the dense model ran at capture (no first-call effects left): the masked one's call, same work, stands in
+        warm, estimates = {"compiled": outputs.seconds(gm), "dense": outputs.seconds(trusted)}, {}
         if tol == TOLERANCE[FP32]:  # fp32: the passes' model without kernels and the masked model compute the same
             if reports:
                 candidates["graph passes only"] = before_kernels
