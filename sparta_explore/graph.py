@@ -245,18 +245,7 @@ def _describe(gm: fx.GraphModule, root: nn.Module, *, source: nn.Module, flat: t
         set_mode(root, was_training)
     fx_graph = gm.graph
     placeholders = [n for n in fx_graph.nodes if n.op == "placeholder"]
-
-    tensors: dict[str, TensorInfo] = {}
-    canonical_of: dict[int, str] = {}
-    aliases: dict[str, str] = {}
-    for name, p in source.named_parameters(remove_duplicate=False):
-        tensors[name] = TensorInfo(tuple(p.shape), p.dtype, "param")
-        first = canonical_of.setdefault(id(p), name)
-        if first != name:
-            aliases[name] = first
-    for name, b in source.named_buffers(remove_duplicate=False):
-        tensors[name] = TensorInfo(tuple(b.shape), b.dtype, "buffer")
-
+    tensors, aliases = _weights(source)
     attr_nodes: dict[str, str] = {}
     constants: dict[str, Any] = {}
     tuple_shapes: dict[str, list[tuple[int, ...]]] = {}
@@ -276,6 +265,42 @@ def _describe(gm: fx.GraphModule, root: nn.Module, *, source: nn.Module, flat: t
                  outputs=_output_names(fx_graph), aliases=aliases, attr_nodes=attr_nodes, constants=constants,
                  tuple_shapes=tuple_shapes, example_inputs=flat, call_args=call_args,
                  call_kwargs=call_kwargs, method=method, notes=notes)
+
+
+def _weights(source: nn.Module) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+    """Every parameter's and buffer's shape, and tied names (alias -> first name)."""
+    tensors: dict[str, TensorInfo] = {}
+    canonical_of: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    for name, p in source.named_parameters(remove_duplicate=False):
+        tensors[name] = TensorInfo(tuple(p.shape), p.dtype, "param")
+        first = canonical_of.setdefault(id(p), name)
+        if first != name:
+            aliases[name] = first
+    for name, b in source.named_buffers(remove_duplicate=False):
+        tensors[name] = TensorInfo(tuple(b.shape), b.dtype, "buffer")
+    return tensors, aliases
+
+
+def relabelled(graph: Graph, gm: fx.GraphModule) -> Graph:
+    """The `Graph` of `gm`, an edit of `graph`'s module whose nodes keep the shapes `graph` recorded for them:
+    the same nodes on masked weights, or nodes removed and constants folded (`simplify`). No model run (a
+    BERT-base run is a second): the nodes left, and the sizes and shapes `graph` recorded as constants, stand.
+
+    Example:
+        >>> relabelled(g, fx.GraphModule(g.module, g.module.graph)).tensors == g.tensors  # doctest: +SKIP
+        True
+    """
+    names = {n.name for n in gm.graph.nodes}
+    tensors, aliases = _weights(gm)
+    tensors.update({n: t for n, t in graph.tensors.items() if t.kind == "activation" and n in names})
+    attr_nodes = {n.name: n.target for n in gm.graph.nodes if n.op == "get_attr" and n.target in tensors}
+    return Graph(module=gm, root=gm, tensors=tensors, inputs=[n.name for n in gm.graph.nodes if n.op == "placeholder"],
+                 outputs=_output_names(gm.graph), aliases=aliases, attr_nodes=attr_nodes,
+                 constants={n: v for n, v in graph.constants.items() if n in names},
+                 tuple_shapes={n: v for n, v in graph.tuple_shapes.items() if n in names},
+                 example_inputs=graph.example_inputs, call_args=graph.call_args, call_kwargs=graph.call_kwargs,
+                 method=graph.method, notes=graph.notes)
 
 
 def rewritten(graph: Graph, gm: fx.GraphModule) -> Graph:

@@ -24,7 +24,7 @@ from torch import nn
 from sparta_explore.compile.config import CompileConfig
 from sparta_explore.compile.table_reference import split_unread, table_reference, unwrap_table, warn_if_dense
 from sparta_explore.device import DeviceProfile
-from sparta_explore.graph import Graph, rewritten
+from sparta_explore.graph import Graph, relabelled
 from sparta_explore.kernels.build import compiler_available, warn_compiler_missing
 from sparta_explore.masking import apply_table
 from sparta_explore.plan import ExecutionPlan
@@ -69,7 +69,8 @@ def prepare(graph: Graph, table: Any, config: CompileConfig, plan: ExecutionPlan
     if plan is None:  # after the names are checked: a table naming nothing of the model is an error, no warning
         warn_if_dense(table)
     apply_table(gm, usable)
-    return Prepared(table, input_table, usable, unread, trusted, kernels, device, rewritten(graph, gm))
+    # masking changes values, not shapes: the working graph keeps the captured one's description (no model run)
+    return Prepared(table, input_table, usable, unread, trusted, kernels, device, relabelled(graph, gm))
 
 
 def offered(working: Graph, table: Mapping[str, TeSA], prepared: Prepared, plan: ExecutionPlan | None

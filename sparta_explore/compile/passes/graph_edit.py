@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from sparta_explore.graph import Graph, rewritten
+from sparta_explore.graph import Graph, relabelled, rewritten
 from sparta_explore.module_tree import clone_module, set_module  # noqa: F401  (passes import them from here)
 from sparta_explore.tesa import TeSA
 from sparta_explore.tracing.copying import deep_copy
@@ -58,8 +58,9 @@ def add_module(gm: fx.GraphModule, prefix: str, name: str, module: nn.Module) ->
     return f"{prefix}.{free}"
 
 
-def finished(graph: Graph, gm: fx.GraphModule) -> Graph:
-    """The `Graph` of the edited `gm`: dead nodes and unused modules dropped, recompiled, shapes recorded anew.
+def finished(graph: Graph, gm: fx.GraphModule, same_values: bool = False) -> Graph:
+    """The `Graph` of the edited `gm`: dead nodes and unused modules dropped, recompiled, shapes recorded anew
+    (`same_values`: every node left computes what it did, so `graph`'s shapes stand; no model run).
 
     Example:
         >>> new = finished(graph, gm)   # doctest: +SKIP
@@ -68,7 +69,7 @@ def finished(graph: Graph, gm: fx.GraphModule) -> Graph:
     gm.graph.lint()
     gm.recompile()
     gm.delete_all_unused_submodules()
-    return rewritten(graph, gm)
+    return relabelled(graph, gm) if same_values else rewritten(graph, gm)
 
 
 def carried(table: Mapping[str, TeSA], new: Graph, renames: Mapping[str, str] | None = None) -> dict[str, TeSA]:

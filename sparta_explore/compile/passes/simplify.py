@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -166,13 +167,32 @@ def _constant_nodes(graph: Graph, fx_graph: fx.Graph) -> list[fx.Node]:
             and any(u not in constant for u in n.users)]
 
 
-def _fold_constants(graph: Graph, gm: fx.GraphModule) -> int:
-    from sparta_explore.compile.passes.graph_edit import example_values
+def constant_values(gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[str, Any]:
+    """The values of constant nodes of `gm` (`_constant_nodes`): only they and their ancestors run, not the model.
 
+    Example:
+        >>> constant_values(gm, _constant_nodes(graph, gm.graph))  # doctest: +SKIP
+    """
+    needed: set[fx.Node] = set()
+    stack = list(nodes)
+    while stack:
+        node = stack.pop()
+        if node not in needed:
+            needed.add(node)
+            stack.extend(node.all_input_nodes)
+    interpreter = fx.Interpreter(gm)
+    with torch.inference_mode():
+        for node in gm.graph.nodes:  # graph order: every input before its readers
+            if node in needed:
+                interpreter.env[node] = interpreter.run_node(node)
+    return {n.name: interpreter.env[n] for n in nodes}
+
+
+def _fold_constants(graph: Graph, gm: fx.GraphModule) -> int:
     nodes = _constant_nodes(graph, gm.graph)
     if not nodes:
         return 0
-    values = example_values(graph, [n.name for n in nodes])
+    values = constant_values(gm, nodes)
     folded = 0
     for node in nodes:
         value = values.get(node.name)
@@ -213,7 +233,7 @@ def simplify(graph: Graph, table: Table, options: PassOptions) -> PassResult:
         gm.graph.erase_node(node)
         counts[what] += 1
     counts["constants folded"] = _fold_constants(graph, gm)
-    new = finished(graph, gm)
+    new = finished(graph, gm, same_values=True)  # identities gone, constants folded: no value changed
     return PassResult(new, carried(table, new, renames), counts)
 
 
