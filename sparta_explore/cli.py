@@ -214,6 +214,9 @@ def _sweep_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick-profile", action="store_true",
                    help="if this machine has no cached device profile, measure the small one (seconds, coarser "
                         "predictions; compile still times every candidate)")
+    p.add_argument("--compile-cap", type=positive_float, default=None, metavar="SECONDS",
+                   help="cap each trial's compile: past it, ops take the device profile's favourite untimed "
+                        "(rows count them in compile_capped)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -233,10 +236,15 @@ def _sweep(args: argparse.Namespace) -> int:
     for ref in sorted({p.workload for p in expand_grid(grid)}):  # every point checked before any trial runs
         load_workload(ref, cache_dir=args.cache_dir)  # a workload that does not import fails now, in one line
     kwargs: dict[str, object] = {"cache_dir": args.cache_dir, "runs": args.runs}
+    compile_options: dict[str, object] = {}
+    if args.compile_cap is not None:
+        compile_options["max_seconds"] = args.compile_cap
     if args.quick_profile:
         from sparta_explore.device import DeviceProfile
 
-        kwargs["compile_kwargs"] = {"device": DeviceProfile.load_or_measure(quick=True, cache_dir=args.cache_dir)}
+        compile_options["device"] = DeviceProfile.load_or_measure(quick=True, cache_dir=args.cache_dir)
+    if compile_options:
+        kwargs["compile_kwargs"] = compile_options
     df = sweep(grid, args.out, progress=not args.no_progress, trial_kwargs=kwargs)
     _print_results(df)
     _plot_and_report(df, args.out)

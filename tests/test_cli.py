@@ -79,9 +79,10 @@ def test_sweep_resumes_then_plot_and_report(cache_dir, device, tmp_path, capsys)
     out = tmp_path / "sweep"
     argv = ["sweep", "--model", "digits-mlp", "--sparsity", "0.75", "--block", "32x32", "--bits", "32",
             "--batch", "64", "--runs", "3", "--finetune-epochs", "0", "--cache-dir", str(cache_dir),
-            "--quick-profile", "--out", str(out), "--no-progress"]
+            "--quick-profile", "--compile-cap", "60", "--out", str(out), "--no-progress"]
     assert main(argv) == 0
     assert "wrote" in capsys.readouterr().out
+    assert pd.read_csv(out / "results.csv")["compile_capped"].tolist() == [0]  # a minute is plenty: nothing capped
     (row_file,) = (out / "rows").glob("*.json")
     stamp = row_file.stat().st_mtime_ns
     assert main(argv) == 0  # resumed: nothing left to run, the row is not rewritten

@@ -123,6 +123,17 @@ class CompiledModel(nn.Module):
         return self.plan.table() if self.plan is not None else self.record.report
 
     @property
+    def capped(self) -> int:
+        """How many ops were chosen by the device profile's prediction because compile reached its time cap
+        (`CompileConfig.max_seconds`).
+
+        Example:
+            >>> compile(model, table, x, max_seconds=0).capped  # doctest: +SKIP
+            3
+        """
+        return sum(op.capped for op in self.plan.ops.values()) if self.plan is not None else 0
+
+    @property
     def op_compile_times(self) -> pd.DataFrame:
         """One row per planned op: compile's seconds on it by step (tile search, codegen, gcc + load, checks, timing).
 

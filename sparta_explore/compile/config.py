@@ -47,6 +47,10 @@ class CompileConfig:
       itself (its `generate`, `config` and hooks keep working); graph passes and kernel
       fusions are skipped, and the report says so (`compile/inplace.py`). The model's pruned
       weights are zeroed in place: keep a copy if you need the dense one.
+    * `max_seconds`: a cap on compile's time (None: none). Once compile has run this long,
+      the ops still to choose take the device profile's favourite (built and checked, not
+      timed, no tile search); their notes, `CompiledModel.capped` and a trial row's
+      ``compile_capped`` count them. The checks and the guard always run.
     """
 
     choose: str = "measured"
@@ -61,6 +65,7 @@ class CompileConfig:
     guard: bool = True
     choices: tuple[tuple[str, str], ...] = ()
     inplace: bool = False
+    max_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.passes is not None:
@@ -72,6 +77,12 @@ class CompileConfig:
         object.__setattr__(self, "choices", _choice_pairs(self.choices))
         if self.choose not in ("measured", "predicted"):
             raise ConfigError(f"CompileConfig.choose must be 'measured' or 'predicted', got {self.choose!r}")
+        if self.max_seconds is not None:
+            if isinstance(self.max_seconds, bool) or not isinstance(self.max_seconds, (int, float)) \
+                    or not self.max_seconds >= 0:
+                raise ConfigError(f"CompileConfig.max_seconds must be a number of seconds >= 0, got "
+                                  f"{self.max_seconds!r}")
+            object.__setattr__(self, "max_seconds", float(self.max_seconds))
         if isinstance(self.runs, bool) or not isinstance(self.runs, int) or self.runs < 1:
             raise ConfigError(f"CompileConfig.runs must be an int >= 1, got {self.runs!r}")
         if self.kernels is not None:

@@ -83,9 +83,10 @@ def _pass_frame(reports: list[PassReport], kernel_rows: list[dict]) -> pd.DataFr
 
 
 def _choose_all(working: Graph, execution: ExecutionPlan, config: CompileConfig,
-                stages: dict[str, float]) -> dict[str, nn.Module]:
+                stages: dict[str, float], deadline: float) -> dict[str, nn.Module]:
     """Build, check and time every planned op's candidates on its recorded input; the chosen modules by op.
 
+    Past `deadline` (`time.perf_counter()`; `CompileConfig.max_seconds`) the profile's favourite is taken.
     Adds its own stages' seconds to `stages` (the ops keep theirs in `OpPlan.seconds`)."""
     planned = list(execution.ops.values())
     t0 = time.perf_counter()
@@ -103,7 +104,13 @@ def _choose_all(working: Graph, execution: ExecutionPlan, config: CompileConfig,
             op.notes.append("channels-last model: NCHW conv kernels not offered")
         ctx = LowerContext(module, op.activation, op.m, config.cache_dir, tune=False, searched_tiles=config.tune,
                            in_shape=tuple(op_inputs[op.op].shape))
-        module = choose(op, ctx, op_inputs[op.op], config.choose, config.runs, tune=config.tune,
+        mode, tune = config.choose, config.tune
+        if time.perf_counter() > deadline and (mode, tune) != ("predicted", False):
+            mode, tune = "predicted", False
+            op.capped = True
+            op.notes.append(f"compile time cap ({config.max_seconds:g} s) reached: the device profile's favourite "
+                            "(no other candidate built or timed, no tile search)")
+        module = choose(op, ctx, op_inputs[op.op], mode, config.runs, tune=tune,
                         given=dict(config.choices).get(op.op))
         if module is not None and same_as_masked(op) and op.site.module_target is not None:
             op.notes.append("dense fp32 chosen: the op's own masked module stays (no wrapper)")
@@ -195,7 +202,8 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
     execution = offered(working, work_table, prepared, plan)
     before_kernels = editable(working)  # the passes' model with no kernels: the guard's other candidate
     stages.update({"graph passes": t1 - t0, "plan": time.perf_counter() - t1})
-    compiled = _choose_all(working, execution, config, stages)
+    deadline = start + config.max_seconds if config.max_seconds is not None else float("inf")
+    compiled = _choose_all(working, execution, config, stages, deadline)
     gm = working.module
     kernel_rows = []
     if config.runs_pass("fuse_epilogue"):

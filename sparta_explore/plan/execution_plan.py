@@ -96,6 +96,7 @@ class OpPlan:
     measured_ms: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)  # compile's time on this op, by step (`choose.STEPS`)
+    capped: bool = False  # chosen by prediction because compile reached `CompileConfig.max_seconds`
     site: Any = None  # the plan.sites.WeightSite this op was planned from
     fallback: bool = False  # compile rejected a kernel for this op (build or check failed) or left it as is
 

@@ -36,3 +36,33 @@ def test_stage_frame_keeps_order_and_names_the_rest_other():
     frame = stage_frame({"guard": 1.0, "capture": 0.5}, [], total=2.0)
     assert frame["stage"].tolist() == ["capture", "guard", "other"]
     assert times_text(frame).startswith("total 2.0 s: guard 1.0 s (50%)")
+
+
+@pytest.mark.skipif(not compiler_available(), reason="kernels need gcc")
+def test_a_compile_past_its_cap_takes_the_profiles_favourites_untimed_and_says_so(device, tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Linear(96, 32)).eval()
+    table = se.TeSATable({f"{i}.weight": se.TeSA.from_mask(torch.rand(*model[i].weight.shape) > 0.9)
+                          for i in (0, 2)})
+    x = torch.randn(64, 64)
+    cm = compile(model, table, (x,), device=device, cache_dir=tmp_path, runs=2, max_seconds=0)
+    assert cm.capped == len(cm.plan.ops) == 2
+    for op in cm.plan.ops.values():
+        assert op.capped and any("compile time cap (0 s)" in n for n in op.notes)
+        assert set(op.measured_ms) <= {op.chosen}  # the favourite alone: nothing else built or timed
+        assert "timing" not in op.seconds or set(op.measured_ms) == {op.chosen}
+    assert bool(cm.checks["passed"].all())  # the checks still run
+    with torch.no_grad():
+        assert torch.allclose(cm(x), se.masked_copy(model, table)(x), atol=1e-4)
+    uncapped = compile(model, table, (x,), device=device, cache_dir=tmp_path, runs=2)
+    assert uncapped.capped == 0
+
+
+def test_the_cap_is_checked():
+    from sparta_explore.compile.config import CompileConfig
+    from sparta_explore.errors import ConfigError
+
+    assert CompileConfig(max_seconds=3).max_seconds == 3.0
+    for bad in (-1, "5", True, float("nan")):
+        with pytest.raises(ConfigError, match="CompileConfig.max_seconds"):
+            CompileConfig(max_seconds=bad)

@@ -170,16 +170,18 @@ def render_protocol_report(folder: str | os.PathLike, *, image: str = "fronts.pn
     where = "unknown machine" if machine is None else \
         f"{machine['cpu_model']} ({machine['cpu_flags']}), {int(machine['threads'])} threads"
     dense_ms = float(trials["dense_latency_ms"].median())
+    cap = "" if config.get("compile_cap") is None else f", compile capped at {config['compile_cap']:g} s"
     lines = [
         f"# Latency-guided vs FLOPs-guided search: {config['workload']}", "",
         f"Measured on {where}. Budget {config['budget']} trials per search, seeds {config['seeds']}, shared "
         f"random start of {config['startup']} trials, latency target {target:g} x dense. Space: "
         f"{config['space']['patterns']} x {config['space']['precisions']} x per-layer sparsity "
         f"{config['space']['sparsities']}. Fixed: {config['fixed'] or 'none'}; compile tile search "
-        f"{'on' if config['tune'] else 'off'}; {config['runs']} timed calls per latency.", "",
+        f"{'on' if config['tune'] else 'off'}{cap}; {config['runs']} timed calls per latency.", "",
         f"{len(trials)} distinct trials ({int(trials['accuracy'].isna().sum())} failed); trial wall time median "
         f"{trials['wall_s'].median():.1f} s, max {trials['wall_s'].max():.1f} s, total "
-        f"{trials['wall_s'].sum() / 60:.1f} min. Dense PyTorch: {dense_ms:.2f} ms median, accuracy "
+        f"{trials['wall_s'].sum() / 60:.1f} min, of which compile median {trials['compile_s'].median():.1f} s, "
+        f"total {trials['compile_s'].sum() / 60:.1f} min. Dense PyTorch: {dense_ms:.2f} ms median, accuracy "
         f"{trials['dense_accuracy'].median():.4f}. Hypervolume reference: (latency ratio {ref[0]:g}, "
         f"accuracy {ref[1]:.4g}).", "",
         "## Goals", "",

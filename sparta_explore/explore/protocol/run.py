@@ -70,6 +70,8 @@ class ProtocolConfig:
     `fixed`: TrialParams fields every trial shares (e.g. ``{"batch": 256}``); `runs`: timed
     calls per latency measurement; `tune`: compile's tile search (off by default: it
     multiplies compile time by ~4 for ~10% latency, the same for every search);
+    `compile_cap`: seconds each trial's compile may take before the remaining ops take the
+    device profile's favourite untimed (`CompileConfig.max_seconds`; None: no cap);
     `floor_drop`: the searches' accuracy floor below dense (None: no floor).
 
     Example:
@@ -89,6 +91,7 @@ class ProtocolConfig:
     fixed: Mapping[str, Any] = field(default_factory=dict)
     runs: int = 20
     tune: bool = False
+    compile_cap: float | None = None
     floor_drop: float | None = REF_ACCURACY_DROP
 
     def __post_init__(self) -> None:
@@ -195,7 +198,8 @@ def run_protocol(config: ProtocolConfig, out: str | os.PathLike, *, trial_fn: Tr
         raise ConfigError(f"{folder} holds a run of another protocol ({saved}); use a fresh --out folder")
     atomic_write(saved, lambda f: f.write(config.to_json().encode()))
     space = family_search_space(config.family_space)
-    run = _safe_trial(trial_fn or (lambda p: run_trial(p, runs=config.runs, compile_kwargs={"tune": config.tune})))
+    compile_kwargs = {"tune": config.tune, "max_seconds": config.compile_cap}
+    run = _safe_trial(trial_fn or (lambda p: run_trial(p, runs=config.runs, compile_kwargs=compile_kwargs)))
     visits: list[dict[str, Any]] = []
     started = time.perf_counter()
 

@@ -22,7 +22,9 @@
 * max_error (compiled vs its reference ops, from compile), kernel_choices ("op:choice;..."),
   fallbacks (ops where compile rejected a kernel or left the op as is; see compile_report notes);
 * runs, threads; machine, cpu_model, cpu_flags (`sparta_explore.machine`: where it was measured);
-* compile_s, wall_s, score (`objectives.score` for params.objective / target).
+* compile_s, wall_s, score (`objectives.score` for params.objective / target);
+* compile_capped: ops whose kernel the device profile chose untimed because compile reached
+  its time cap (`CompileConfig.max_seconds`; 0 without a cap).
 
 Example:
     >>> r = TrialResult(TrialParams(workload="digits-mlp"), **dict.fromkeys(METRIC_FIELDS, 2.0))
@@ -52,7 +54,7 @@ ROW_COLUMNS = (
     "dense_flops", "effective_flops", "flops_ratio", "sparsity_pruned", "sparsity_propagated", "mean_bits",
     "peak_memory_mb", "weight_bytes", "dense_weight_bytes", "compressed_weight_bytes",
     "max_error", "kernel_choices", "fallbacks", "runs", "threads", "machine", "cpu_model", "cpu_flags",
-    "compile_s", "wall_s", "score",
+    "compile_s", "wall_s", "score", "compile_capped",
 )
 
 
@@ -94,6 +96,7 @@ class TrialResult:
     wall_s: float
     kernel_choices: str = ""
     fallbacks: int = 0
+    compile_capped: int = 0
     metric_name: str = "accuracy"
     machine: Mapping[str, str] = field(default_factory=dict)  # `Machine.columns()` of where it was measured
     table: TeSATable | None = field(default=None, repr=False, compare=False)
@@ -112,6 +115,7 @@ class TrialResult:
     def _metrics(self) -> dict[str, Any]:
         out = {name: getattr(self, name) for name in METRIC_FIELDS}
         out["kernel_choices"], out["fallbacks"] = self.kernel_choices, int(self.fallbacks)
+        out["compile_capped"] = int(self.compile_capped)
         out["metric_name"] = self.metric_name
         return out
 

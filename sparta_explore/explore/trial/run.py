@@ -102,7 +102,7 @@ def trial_result(setup: TrialSetup, compressed: Compressed, tuned: FineTuned, ca
         mean_bits=mean_bits, peak_memory_mb=mine.peak_memory_mb, weight_bytes=mine.weight_bytes,
         dense_weight_bytes=base.weight_bytes, compressed_weight_bytes=packed, max_error=float(cm.max_error),
         runs=setup.runs, threads=mine.threads, compile_s=compiled.seconds, wall_s=wall_s, kernel_choices=choices,
-        fallbacks=fallbacks, metric_name=setup.workload.metric_name,
+        fallbacks=fallbacks, compile_capped=cm.capped, metric_name=setup.workload.metric_name,
         machine=this_machine(int(mine.threads)).columns(), table=calibrated.propagation.table,
         compile_report=cm.report)
 

@@ -86,10 +86,11 @@ def test_bad_names_fail_before_any_work(cache_dir):
         run_trial({"workload": "digits-mlp", "pruner": "magic"}, cache_dir=cache_dir)
 
 
-def _trial(params, cache_dir, digits, device, **kw):
+def _trial(params, cache_dir, digits, device, compile_options=None, **kw):
     lines = []
     result = run_trial({"workload": "digits-mlp", "batch": 64, **params}, cache_dir=cache_dir, runs=3,
-                       warmup=1, compile_kwargs={"device": device, "tune": False}, echo=lines.append, **kw)
+                       warmup=1, compile_kwargs={"device": device, "tune": False, **(compile_options or {})},
+                       echo=lines.append, **kw)
     return result, result.as_row(), lines
 
 
@@ -114,6 +115,15 @@ def test_fp32_trial_is_compiled_verified_and_measured(cache_dir, digits, device)
     assert row["score"] == pytest.approx(score(row, "latency", 0.5))
     assert [line.split()[0] for line in lines] == ["block", "fine-tuned", "compiled", "measured"]
     assert "after propagation" in lines[0]
+    assert row["compile_capped"] == 0 and 0 < row["compile_s"] < row["wall_s"]
+
+
+def test_a_capped_compile_is_counted_in_the_row(cache_dir, digits, device):
+    result, row, _ = _trial({"block": "1x32", "sparsity": 0.75}, cache_dir, digits, device,
+                            compile_options={"max_seconds": 0})
+    planned = len(result.compile_report)
+    assert planned > 0 and row["compile_capped"] == planned
+    assert result.compile_report["notes"].str.contains("compile time cap").all()
 
 
 def test_int8_trial_quantizes_the_body_not_the_head(cache_dir, digits, device):
