@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from sparta_explore import fake_quant
 from sparta_explore.activations import ACTIVATIONS
 from sparta_explore.fake_quant import qmax, quantized_linear
 from sparta_explore.kernels import output_pool
@@ -199,6 +200,7 @@ class KernelLinear(CompiledOp):
         state = self.__dict__.copy()
         state.pop("_fn", None)
         state.pop("_struct", None)
+        state.pop("_weight_levels", None)  # a cache of the weight grid, made again on first use
         built = state.get("built")
         state["built"] = None if built is None else built.detached()
         state["_bound"] = self._fn is not None
@@ -402,5 +404,9 @@ class Int8SparseLinear(KernelLinear):
 
         Other float dtypes are quantized from their float32 value; the result comes back in `x`'s dtype.
         """
-        y = quantized_linear(x.float(), self.weight, self.bias, weight_bits=self.weight_bits, act_bits=self.act_bits)
+        levels = self.__dict__.get("_weight_levels")
+        if levels is None:  # the weight is fixed: its grid is computed once (compile checks call this often)
+            levels = self.__dict__["_weight_levels"] = fake_quant.quantize_rows(self.weight, self.weight_bits)
+        y = quantized_linear(x.float(), self.weight, self.bias, weight_bits=self.weight_bits, act_bits=self.act_bits,
+                             weight_levels=levels)
         return _ACT[self.activation](y).to(x.dtype)

