@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,7 +87,7 @@ class CompiledModel(nn.Module):
     """
 
     def __init__(self, module: fx.GraphModule, plan: ExecutionPlan | None, checks: pd.DataFrame, seconds: float,
-                 unread: list[str], fp32_error: float, passes: pd.DataFrame | None = None,
+                 unread: list[str], fp32_error: float | Callable[[], float], passes: pd.DataFrame | None = None,
                  guard: dict | None = None, size_guard: SizeGuard | None = None,
                  input_dtypes: Mapping[int | str, torch.dtype] | None = None, *, record: CompileRecord | None = None,
                  compile_times: pd.DataFrame | None = None) -> None:
@@ -100,7 +100,7 @@ class CompiledModel(nn.Module):
         # where `seconds` went, per stage (compile/compile_times.py); per op: `op_compile_times`
         self.compile_times = compile_times if compile_times is not None else stage_frame({}, [], seconds)
         self.unread = unread
-        self.fp32_error = fp32_error
+        self._fp32_error = fp32_error  # a callable: measured when first read (a reference copy and a model run)
         self.passes = passes if passes is not None else pd.DataFrame(columns=["pass", "changed", "seconds", "notes"])
         self.guard = guard
         self.size_guard = size_guard
@@ -121,6 +121,13 @@ class CompiledModel(nn.Module):
     def report(self) -> pd.DataFrame:
         """One row per planned op: its shape, candidates, choice, measured and dense times, notes."""
         return self.plan.table() if self.plan is not None else self.record.report
+
+    @property
+    def fp32_error(self) -> float:
+        """Relative error against the model masked with the table in fp32 (no grids): quantization's own error."""
+        if callable(self._fp32_error):
+            self._fp32_error = float(self._fp32_error())
+        return self._fp32_error
 
     @property
     def capped(self) -> int:

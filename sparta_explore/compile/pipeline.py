@@ -30,7 +30,8 @@ Example:
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import pandas as pd
@@ -54,7 +55,7 @@ from sparta_explore.compile.passes.pipeline import PassReport, run_passes
 from sparta_explore.compile.prepare import offered, prepare
 from sparta_explore.compile.record import CompileRecord
 from sparta_explore.compile.table_reference import has_grids, table_reference
-from sparta_explore.compile.verify import ModelOutputs, check_row, verified_module
+from sparta_explore.compile.verify import ModelOutputs, check_row, model_error, verified_module
 from sparta_explore.errors import SpartaError
 from sparta_explore.graph import Graph, capture
 from sparta_explore.masking import apply_table
@@ -147,6 +148,10 @@ def _eager_model(graph: Graph, table: Mapping[str, TeSA], tol: float) -> nn.Modu
 def _checked(eager: nn.Module | None, trusted: nn.Module, tol: float, outputs: ModelOutputs) -> nn.Module:
     """What runs when nothing compiled is faster: `eager` where it matches `trusted`, else `trusted`."""
     return eager if eager is not None and outputs.error(eager, trusted) <= tol else trusted
+
+
+def _fp32_error(graph: Graph, table: Mapping[str, TeSA], run: nn.Module) -> float:
+    return model_error(graph, run, table_reference(graph, table, grids=False)[0])
 
 
 def _size_specialized(gm: nn.Module) -> bool:
@@ -250,8 +255,10 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
                 run = gm
     stages["guard"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    fp32 = table_reference(graph, table, grids=False)[0] if has_grids(table) else trusted  # the same without grids
-    fp32_error = outputs.error(run, fp32)
+    if has_grids(table):  # quantization's own error: a reference without grids and a model run, when first read
+        fp32_error: float | Callable[[], float] = partial(_fp32_error, graph, table, run)
+    else:  # without grids the trusted reference is that model, run already
+        fp32_error = outputs.error(run, trusted)
     stages["checks"] += time.perf_counter() - t0
     size_guard = None
     if run is not eager and run is not trusted and _size_specialized(run):
