@@ -89,6 +89,11 @@ def weighted_block_cover(kept: torch.Tensor, costs: Mapping[Block, float], *, ep
     while shapes and threshold < unit * (1 + eps) and bool(uncovered.any()):
         for b in sorted(shapes, key=lambda s: costs[s] / (s[0] * s[1])):
             counts = tile_counts(uncovered, b)
+            if float(counts.max()) * unit < costs[b]:
+                # no tile holds enough to beat single elements, and covering only ever lowers the counts:
+                # this shape can take nothing more (unstructured masks drop every shape in the first round)
+                shapes.remove(b)
+                continue
             take = (counts > 0) & (costs[b] / counts.clamp(min=1) <= min(threshold, unit))
             if not bool(take.any()):
                 continue
