@@ -2,7 +2,7 @@
 
 A handful of `TileConfig` candidates are generated, built and timed on the actual shape
 with a representative M; the fastest wins and is remembered in the cache folder under a
-key of shape, *pattern class* (`pattern_class`: block height, density, run length and row
+key of shape (to half an octave), *pattern class* (`pattern_class`: block height, density, run length and row
 sharing, not the exact mask), activation, M bucket, CPU flags and compiler. The twelve
 layers of a model pruned alike, and every trial of a search, share one search: the tiling
 follows the pattern's statistics, and timing every new mask cost most of a compile (BERT-base,
@@ -34,7 +34,7 @@ CANDIDATES = (TileConfig(4, 3, 6), TileConfig(4, 2, 4), TileConfig(2, 3, 6), Til
 # measured on BERT FFN shapes: 6x2 wins at M=4096 and for 768->3072, 2x4 for 3072->768 at M=128
 SEGMENT_CANDIDATES = (TileConfig(6, 2, 6, layout="segments"), TileConfig(2, 4, 8, layout="segments"))
 MIN_SHARING = 2.0  # rows per (panel, pattern) below which the segment layout only adds spills
-TUNING_VERSION = 9  # 7: flat loop for one-k pieces; 8: keyed by pattern class; 9: density to 5%
+TUNING_VERSION = 11  # 9: density to 5%; 10: long runs and sharing capped; 11: shapes to half an octave
 
 
 def candidates(kept: np.ndarray) -> tuple[TileConfig, ...]:
@@ -59,13 +59,17 @@ def default_tile(kept: np.ndarray, block_rows: int) -> TileConfig:
     return TileConfig()
 
 
+CLASS_CAP = 16.0  # run lengths and row sharing past this are all "long" (see `pattern_class`)
+
+
 def pattern_class(kept: np.ndarray, block_rows: int) -> dict:
     """What decides a pattern's best tiling, coarse enough that masks pruned alike share it.
 
     Density to 5% (a 90% mask of BERT-base's 2304 32x32 tiles keeps 9.4-10.6% of them), the mean
     length of kept runs along k (1.1 unstructured at 90%, 32+ for 1x32 blocks) and rows sharing a
     panel pattern (`segment_codegen.sharing`), both to half an octave: masks drawn alike land in
-    one class (layers of one BERT-base pruned at 90%: 1x32 sharing 300-330 rows).
+    one class (layers of one BERT-base pruned at 90%: 1x32 sharing 300-330 rows). Both stop at
+    `CLASS_CAP`: past it a tile's rows and runs are long whatever they are (32x32 sharing: 64-90).
 
     Example:
         >>> pattern_class(np.ones((4, 8), dtype=bool), 4)
@@ -76,7 +80,7 @@ def pattern_class(kept: np.ndarray, block_rows: int) -> dict:
     run = float(kept.sum()) / starts if starts else 0.0
     share = sharing(kept)
     return {"block_rows": int(block_rows), "density": round(float(kept.mean()) * 20) / 20 if kept.size else 0.0,
-            "run": _half_octave(run), "sharing": _half_octave(share)}
+            "run": _half_octave(min(run, CLASS_CAP)), "sharing": _half_octave(min(share, CLASS_CAP))}
 
 
 def _half_octave(value: float) -> float:
@@ -123,7 +127,10 @@ def _time(layer, x: torch.Tensor, repeats: int) -> float:
 
 def _record_path(kept: np.ndarray, block_rows: int, activation: str, m: int,
                  cache_dir: str | os.PathLike | None) -> Path:
-    key = content_key({"shape": list(kept.shape), "pattern": pattern_class(kept, block_rows), "act": activation,
+    # shapes to half an octave: a shrink pass leaves every layer its own (3072 -> 2749, 2806, ...) and the best
+    # tiling does not move with a few rows
+    key = content_key({"shape": [_half_octave(d) for d in kept.shape], "pattern": pattern_class(kept, block_rows),
+                       "act": activation,
                        "bucket": m_bucket(m), "cpu": sorted(cpu_flags()), "cc": compiler_version(),
                        "threads": torch.get_num_threads(), "version": TUNING_VERSION})
     return resolve_cache_dir(cache_dir, "tuning") / f"{key}.json"
