@@ -6,26 +6,36 @@ patterns 32x32 blocks, 1x32 blocks and unstructured, fp32 and int8; plus the FFN
 through `sparta_explore.compile`. `--quick`: 768->3072 at M = 4096 (every pattern, both
 precisions) and the FFN block in fp32.
 
+Layout: both sides get the input a transformer gives them, (B, 128, K) with the M tokens as
+B sequences of 128 (M = 4096: (32, 128, K); M = 128: (1, 128, K)); DeepSparse compiles it with
+`batch_size=B`. `ds2d_ms` is DeepSparse on the same x flattened to (M, K) with batch_size=M,
+M one-row samples (slower: issue 27 measured 1.2-1.8x; `--no-2d` leaves it out).
+
 Ours is measured first (in this venv, `--threads` threads): fp32 `SparseLinear` (tile search),
 int8 `Int8SparseLinear` (activations quantized per row at run time, weights per output row),
-the FFN block compiled from a pruning table (+ an 8-bit quantizer table for int8). Then the
-masked weights, biases and inputs go to a temp dir and `peers_deepsparse_worker.py` runs under
-`--peer-python` (the DeepSparse venv, .venv-peers: DeepSparse is never a project dependency):
-ONNX export of the same module, `deepsparse.Engine(batch_size=M, num_cores=--threads)`; int8
-there is a static per-tensor uint8 activation scale calibrated on the very input, int8 weights
-per output row (MatMulInteger graph). Every time is a median of `--repeats` calls after a warm-up.
+the FFN block compiled from a pruning table (+ an 8-bit quantizer table for int8). Each case
+builds into a fresh, empty kernel cache dir (`cache_dir=`): `ours_build_s` is the cold build,
+tile search, C compile and check included (for the FFN block, `compile` with its measured
+kernel choice; the device profile comes from the default cache, as a one-off per machine).
+Then the masked weights, biases and inputs go to a temp dir and `peers_deepsparse_worker.py`
+runs under `--peer-python` (the DeepSparse venv, .venv-peers: DeepSparse is never a project
+dependency): ONNX export of the same module, `deepsparse.Engine(batch_size=B,
+num_cores=--threads)`; `ds_compile_s` is the export plus the Engine construction. int8 there
+is a static per-tensor uint8 activation scale calibrated on the very input, int8 weights per
+output row (MatMulInteger graph). Every time is a median of `--repeats` calls after a warm-up.
 
 Printed: a header (CPU model, the flags that matter, threads, torch and deepsparse versions),
-then one row per case: ours_ms, ds_ms, ds/ours (> 1: ours is faster), ours_err and ds_err
-(max |y - y_ref| / max |y_ref| against the masked fp32 torch module; int8 rows include the
-quantization error) and notes (our kernel path; DeepSparse's share of supported ops, its error
-against the same quantization simulated in torch, any failure). If DeepSparse cannot run (no
-peer venv, import error, crash, unsupported CPU) one line says why, ours is still printed,
-the DeepSparse columns read nan, and the exit code stays 0.
+then one row per case: BxS, ours_ms, ds_ms, ds/ours (> 1: ours is faster; the (B, 128, K)
+figure), ds2d_ms, ours_build_s, ds_compile_s, ours_err and ds_err (max |y - y_ref| / max |y_ref|
+against the masked fp32 torch module; int8 rows include the quantization error) and notes
+(our kernel path; DeepSparse's share of supported ops, its error against the same
+quantization simulated in torch, the 2-D run's error where it is worse, any failure). If
+DeepSparse cannot run (no peer venv, import error, crash, unsupported CPU) one line says why,
+ours is still printed, the DeepSparse columns read nan, and the exit code stays 0.
 
     make bench-peers ARGS=--quick                      # creates .venv-peers first
     make bench-peers ARGS=--isa=avx2                   # both sides as on an AVX2 + FMA CPU
-    .venv/bin/python benchmarks/peers.py [--quick] [--isa avx2] [--repeats 5] [--peer-python .venv-peers/bin/python]
+    .venv/bin/python benchmarks/peers.py [--quick] [--isa avx2] [--repeats 5] [--no-2d] [--peer-python PY]
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ import math
 import os
 import subprocess
 import tempfile
+import time
 import warnings
 import zlib
 from dataclasses import dataclass, field
@@ -51,7 +62,7 @@ import sparta_explore as se
 from kernels import medians, pattern_mask  # benchmarks/kernels.py: this script's folder is on sys.path
 from sparta_explore.compile import compile
 from sparta_explore.compile.config import CompileConfig
-from sparta_explore.device import cpu_model
+from sparta_explore.device import DeviceProfile, cpu_model
 from sparta_explore.kernels import Int8SparseLinear, SparseLinear, cpu_flags, set_target_isa, target_isa
 from sparta_explore.kernels.build import ISA_CEILINGS
 from sparta_explore.pruners import masks_to_table
@@ -63,6 +74,8 @@ WORKER = HERE / "peers_deepsparse_worker.py"
 FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16")
 SPARSITY = 0.9
 PATTERNS = ("32x32", "1x32", "unstructured")
+SEQ = 128  # tokens per sequence: M tokens reach both sides as (M // SEQ, SEQ, K)
+LAYOUTS = ("3d", "2d")  # DeepSparse: (B, SEQ, K) with batch_size=B (fair), (M, K) with batch_size=M
 PEER_TIMEOUT_S = 3600
 
 
@@ -78,8 +91,10 @@ class Case:
     prec: str
     ours_ms: float = math.nan
     ours_err: float = math.nan
+    ours_build_s: float = math.nan
     notes: list[str] = field(default_factory=list)
-    ds: dict[str, Any] = field(default_factory=dict)
+    ds: dict[str, Any] = field(default_factory=dict)  # DeepSparse on (B, SEQ, K)
+    ds2d: dict[str, Any] = field(default_factory=dict)  # DeepSparse on (M, K), M one-row samples
 
     @property
     def id(self) -> str:
@@ -89,6 +104,10 @@ class Case:
     def data_name(self) -> str:
         """The saved weights and input: shared by the fp32 and int8 rows of the same shape and mask."""
         return f"{self.kind}_{self.k}x{self.n}_m{self.m}_{self.pattern}.npz"
+
+    @property
+    def batch(self) -> str:
+        return f"{self.m // SEQ}x{SEQ}"
 
     @property
     def shape(self) -> str:
@@ -117,21 +136,26 @@ def linear_data(case: Case) -> tuple[dict[str, torch.Tensor], torch.Tensor, int]
     """Weight, bias, input, mask (and its block rows) of a linear case."""
     g = seeded(case.k, case.n)
     w, b = torch.randn(case.n, case.k, generator=g), torch.randn(case.n, generator=g)
-    x = torch.randn(case.m, case.k, generator=seeded("x", case.k, case.m))
+    x = torch.randn(case.m, case.k, generator=seeded("x", case.k, case.m)).reshape(-1, SEQ, case.k)
     kept, rows = pattern_mask(case.n, case.k, case.pattern, SPARSITY, seeded(case.k, case.n, case.pattern))
     return {"w": w, "b": b, "x": x}, kept, rows
 
 
-def run_linear(case: Case, repeats: int) -> dict[str, np.ndarray]:
+def run_linear(case: Case, repeats: int, cache_dir: str) -> dict[str, np.ndarray]:
+    """Build ours into the empty `cache_dir` (timed: the cold build), check and time it on x (B, SEQ, K)."""
     data, kept, rows = linear_data(case)
     w, b, x = data["w"], data["b"], data["x"]
     masked = w * kept
     with torch.no_grad():
+        start = time.perf_counter()
         if case.prec == "fp32":
-            ours = SparseLinear(w, b, kept, block_rows=rows, tile="auto", expected_m=case.m)
+            ours = SparseLinear(w, b, kept, block_rows=rows, tile="auto", expected_m=case.m, cache_dir=cache_dir)
+        else:
+            ours = Int8SparseLinear(w, b, kept, block_rows=rows, expected_m=case.m, cache_dir=cache_dir)
+        case.ours_build_s = time.perf_counter() - start
+        if case.prec == "fp32":
             case.notes.append("fallback: " + str(ours.fallback_reason) if ours.fallback_reason else "sparse fp32")
         else:
-            ours = Int8SparseLinear(w, b, kept, block_rows=rows, expected_m=case.m)
             case.notes.append(f"{ours.variant} ({ours.dot_path})")
         case.ours_err = rel_err(ours(x), F.linear(x, masked, b))
         case.ours_ms = medians([lambda: ours(x)], repeats)[0] * 1e3
@@ -149,11 +173,12 @@ def ffn_model(case: Case) -> tuple[nn.Sequential, dict[str, torch.Tensor], torch
             lin.bias.copy_(torch.randn(lin.bias.shape, generator=g) * 0.1)
             masks[name] = pattern_mask(lin.out_features, lin.in_features, case.pattern, SPARSITY,
                                        seeded("ffn", name, case.pattern))[0]
-    return model, masks, torch.randn(case.m, case.k, generator=seeded("x", case.k, case.m))
+    return model, masks, torch.randn(case.m, case.k, generator=seeded("x", case.k, case.m)).reshape(-1, SEQ, case.k)
 
 
-def run_ffn(case: Case, repeats: int) -> dict[str, np.ndarray]:
-    """The FFN block through capture -> table -> run_propagation -> compile, against the masked module."""
+def run_ffn(case: Case, repeats: int, cache_dir: str, device: DeviceProfile) -> dict[str, np.ndarray]:
+    """The FFN block through capture -> table -> run_propagation -> compile (timed, into the empty `cache_dir`),
+    against the masked module."""
     model, masks, x = ffn_model(case)
     graph = se.capture(model, (x,))
     table = masks_to_table(graph, {name: {"weight": mask} for name, mask in masks.items()})
@@ -162,9 +187,12 @@ def run_ffn(case: Case, repeats: int) -> dict[str, np.ndarray]:
         q = quantize(model, UniformQuantConfig(weight_bits=8, activation_bits=8, activation_fmt="int",
                                                op_types=("Linear",), op_names=names), "uniform", graph=graph)
         table = table.merge(q)
+    propagated = se.run_propagation(graph, table)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        cm = compile(graph, se.run_propagation(graph, table), config=CompileConfig(runs=3))
+        start = time.perf_counter()
+        cm = compile(graph, propagated, config=CompileConfig(runs=3, cache_dir=cache_dir, device=device))
+        case.ours_build_s = time.perf_counter() - start
     masked = nn.Sequential(nn.Linear(case.k, case.n), nn.GELU(), nn.Linear(case.n, case.k)).eval()
     with torch.no_grad():
         for name, mask in masks.items():
@@ -197,23 +225,26 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
 
 
-def run_peer(peer_python: Path, rows: list[Case], tmp: Path, repeats: int, threads: int, isa: str) -> str | None:
-    """Run the DeepSparse worker on every case; fill `case.ds`. Returns why DeepSparse did not run, or None.
+def run_peer(peer_python: Path, rows: list[Case], tmp: Path, repeats: int, threads: int, isa: str,
+             layouts: tuple[str, ...] = LAYOUTS) -> str | None:
+    """Run the DeepSparse worker on every case in every layout; fill `case.ds` (3d) and `case.ds2d`.
+    Returns why DeepSparse did not run, or None.
 
-    A case that crashes the worker (a signal, not a Python exception) is marked failed and the
-    worker is started again on the cases left.
+    A run that crashes the worker (a signal, not a Python exception) is marked failed and the
+    worker is started again on the runs left.
     """
     if not peer_python.exists():
         return f"peer python {peer_python} not found (`make bench-peers` creates .venv-peers)"
     spec = tmp / "cases.json"
-    spec.write_text(json.dumps([{"id": c.id, "kind": c.kind, "prec": c.prec, "file": str(tmp / c.data_name)}
-                                for c in rows]))
+    runs = [{"id": f"{c.id}_{layout}", "layout": layout, "kind": c.kind, "prec": c.prec,
+             "file": str(tmp / c.data_name)} for c in rows for layout in layouts]
+    spec.write_text(json.dumps(runs))
     out = tmp / "ds.jsonl"
     env = dict(os.environ, NM_DISABLE_ANALYTICS="1", OMP_NUM_THREADS=str(threads))
     if isa != "native":
         env["NM_ARCH"] = isa  # DeepSparse's own switch: it loads its build for that instruction set
     crashed: dict[str, str] = {}
-    for _ in range(len(rows) + 1):
+    for _ in range(len(runs) + 1):
         done = {r["id"] for r in read_jsonl(out) if "started" not in r}
         command = [str(peer_python), str(WORKER), "--cases", str(spec), "--out", str(out), "--repeats",
                    str(repeats), "--num-cores", str(threads), "--skip", *sorted(done | set(crashed))]
@@ -233,10 +264,10 @@ def run_peer(peer_python: Path, rows: list[Case], tmp: Path, repeats: int, threa
     results = {r["id"]: r for r in read_jsonl(out) if "started" not in r}
     results.update({i: {"id": i, "error": f"worker crashed: {why}"} for i, why in crashed.items()})
     for case in rows:
-        case.ds = results.get(case.id, {"error": "no result"})
-    timed = [c for c in rows if "ms" in c.ds]
-    if not timed:
-        return next((c.ds["error"] for c in rows if "error" in c.ds), "no case ran")
+        case.ds = results.get(f"{case.id}_3d", {"error": "no result"})
+        case.ds2d = results.get(f"{case.id}_2d", {"error": "no result"} if "2d" in layouts else {})
+    if not any("ms" in r for r in results.values()):
+        return next((r["error"] for r in results.values() if "error" in r), "no case ran")
     return None
 
 
@@ -260,20 +291,26 @@ def print_table(rows: list[Case], threads: int, failure: str | None, load: float
     print(f"load average (1 min) before this run: {load:.2f}{busy}")
     if failure is not None:
         print(f"DeepSparse did not run: {failure}")
-    print(f"{'K->N':<15} {'M':>5} {'pattern':>12} {'prec':>5} {'ours_ms':>9} {'ds_ms':>9} {'ds/ours':>8} "
-          f"{'ours_err':>9} {'ds_err':>9}  notes")
+    print(f"input: ours and ds (B, {SEQ}, K), DeepSparse batch_size=B; ds2d: (M, K), batch_size=M | build and "
+          "compile: cold (ours: an empty kernel cache per case; ds: ONNX export + Engine)")
+    print(f"{'K->N':<15} {'BxS':>6} {'pattern':>12} {'prec':>5} {'ours_ms':>9} {'ds_ms':>9} {'ds/ours':>8} "
+          f"{'ds2d_ms':>9} {'ours_build_s':>12} {'ds_compile_s':>12} {'ours_err':>9} {'ds_err':>9}  notes")
     for c in rows:
-        ds_ms = float(c.ds.get("ms", math.nan))
+        ds_ms, ds_err = float(c.ds.get("ms", math.nan)), float(c.ds.get("err", math.nan))
         notes = list(c.notes)
-        if "error" in c.ds and failure is None:
-            notes.append(f"DS failed: {c.ds['error']}")
-        if c.ds.get("supported_ops", 1.0) < 1.0:
-            notes.append(f"DS supported ops {c.ds['supported_ops']:.0%}")
+        for label, ds in (("DS", c.ds), ("DS 2-D", c.ds2d)):
+            if "error" in ds and failure is None:
+                notes.append(f"{label} failed: {ds['error']}")
+            if ds.get("supported_ops", 1.0) < 1.0:
+                notes.append(f"{label} supported ops {ds['supported_ops']:.0%}")
         if "err_sim" in c.ds:
             notes.append(f"DS vs same quant in torch {c.ds['err_sim']:.1e}")
-        print(f"{c.shape:<15} {c.m:>5} {c.pattern:>12} {c.prec:>5} {fmt(c.ours_ms, '9.2f')} {fmt(ds_ms, '9.2f')} "
-              f"{fmt(ds_ms / c.ours_ms, '8.2f')} {fmt(c.ours_err, '9.1e')} "
-              f"{fmt(float(c.ds.get('err', math.nan)), '9.1e')}  {'; '.join(notes)}", flush=True)
+        if c.ds2d.get("err", 0.0) > max(2 * ds_err, 1e-5):  # also when the 3-D run has no error to compare
+            notes.append(f"DS 2-D err {c.ds2d['err']:.1e}")
+        print(f"{c.shape:<15} {c.batch:>6} {c.pattern:>12} {c.prec:>5} {fmt(c.ours_ms, '9.2f')} {fmt(ds_ms, '9.2f')} "
+              f"{fmt(ds_ms / c.ours_ms, '8.2f')} {fmt(float(c.ds2d.get('ms', math.nan)), '9.2f')} "
+              f"{fmt(c.ours_build_s, '12.2f')} {fmt(float(c.ds.get('compile_s', math.nan)), '12.2f')} "
+              f"{fmt(c.ours_err, '9.1e')} {fmt(ds_err, '9.1e')}  {'; '.join(notes)}", flush=True)
 
 
 def main() -> None:
@@ -286,22 +323,27 @@ def main() -> None:
     parser.add_argument("--isa", choices=sorted(ISA_CEILINGS), default="native",
                         help="avx2: both sides run as on an AVX2 + FMA CPU (ours: no AVX-512/VNNI flags, gcc "
                              "-mno-avx512f -mno-avxvnni; DeepSparse: NM_ARCH=avx2)")
+    parser.add_argument("--no-2d", action="store_true", help="skip DeepSparse on the (M, K) layout (ds2d_ms)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     set_target_isa(args.isa)
     warnings.simplefilter("ignore")
     rows = cases(args.quick)
     load_before = os.getloadavg()[0]
+    device = DeviceProfile.load_or_measure() if any(c.kind == "ffn" for c in rows) else None
     with tempfile.TemporaryDirectory(prefix="peers-") as tmp_dir:
         tmp = Path(tmp_dir)
         for case in rows:
             print(f"ours: {case.id} ...", flush=True)
-            data = run_ffn(case, args.repeats) if case.kind == "ffn" else run_linear(case, args.repeats)
+            cache_dir = tempfile.mkdtemp(prefix="cache-", dir=tmp)  # empty: ours_build_s is a cold build
+            data = (run_ffn(case, args.repeats, cache_dir, device) if case.kind == "ffn" else
+                    run_linear(case, args.repeats, cache_dir))
             path = tmp / case.data_name
             if not path.exists():
                 np.savez(path, **{k: np.ascontiguousarray(v, dtype=np.float32) for k, v in data.items()})
-        print(f"DeepSparse: {len(rows)} cases under {args.peer_python} ...", flush=True)
-        failure = run_peer(args.peer_python, rows, tmp, args.repeats, args.threads, args.isa)
+        layouts = LAYOUTS[:1] if args.no_2d else LAYOUTS
+        print(f"DeepSparse: {len(rows)} cases x {len(layouts)} layouts under {args.peer_python} ...", flush=True)
+        failure = run_peer(args.peer_python, rows, tmp, args.repeats, args.threads, args.isa, layouts)
     print()
     print_table(rows, args.threads, failure, load_before)
 

@@ -1,27 +1,32 @@
 """DeepSparse side of `benchmarks/peers.py`: runs only inside the peer venv (.venv-peers), never the project's.
 
 For each case that peers.py saved (an `.npz` with the masked weights, biases and the input
-x of shape (M, K), listed in a `cases.json`), this script builds the same torch module
-(nn.Linear, or the FFN block Linear -> GELU -> Linear), exports it to ONNX with the legacy
-TorchScript exporter (static shapes, opset 13) and times `deepsparse.Engine(model, batch_size=M,
-num_cores=...)`: the median of `--repeats` calls after a warm-up. The ONNX batch dimension is
-the M tokens.
+x of shape (B, S, K), listed in a `cases.json` with a layout), this script builds the same
+torch module (nn.Linear, or the FFN block Linear -> GELU -> Linear), exports it to ONNX with
+the legacy TorchScript exporter (static shapes, opset 13) and times `deepsparse.Engine(model,
+batch_size=..., num_cores=...)`: the median of `--repeats` calls after a warm-up. Layout "3d"
+(the fair one) feeds x as a transformer gives it, (B, S, K) with batch_size=B: the exporter
+writes each Linear as MatMul(x, W^T) -> Add(b). Layout "2d" flattens x to (B*S, K) with
+batch_size=B*S, one-row samples (each Linear a Gemm): DeepSparse is slower so (issue 27:
+1.2-1.8x), and it is kept only to show that. `compile_s` is the ONNX export (and for int8 the quantized graph)
+plus the Engine construction, `export_s` the first part.
 
-int8 cases get a quantized graph written here with the `onnx` helper API. Each Gemm reads x
-quantized to uint8 with a static per-tensor scale and zero point calibrated on this very x
-(DeepSparse's best case) and symmetric int8 weights, one scale per output row
-(`--weight-quant tensor`: one scale). `--int8-format integer` (default) writes the layout
-sparseml's exporter hands DeepSparse: QuantizeLinear -> MatMulInteger (uint8 weights, zero
-point 128) -> Add (int32 bias) -> Cast -> Mul (rescale); DeepSparse runs all of it
+int8 cases get a quantized graph written here with the `onnx` helper API. Each Gemm or
+MatMul -> Add reads x quantized to uint8 with a static per-tensor scale and zero point
+calibrated on this very x (DeepSparse's best case) and symmetric int8 weights, one scale per
+output row (`--weight-quant tensor`: one scale). `--int8-format integer` (default) writes the
+layout sparseml's exporter hands DeepSparse: QuantizeLinear -> MatMulInteger (uint8 weights,
+zero point 128) -> Add (int32 bias) -> Cast -> Mul (rescale); DeepSparse runs all of it
 (supported_ops 1.0). `--int8-format qdq` writes QuantizeLinear/DequantizeLinear pairs around
-a float Gemm instead: DeepSparse 1.8.0 compiles none of that graph (supported_ops 0.0) and
-hands it to its fallback runtime, so it is kept only to show that.
+the float Gemm / MatMul instead: DeepSparse 1.8.0 compiles none of the 2-D (Gemm) graph
+(supported_ops 0.0) and not all of the 3-D one (< 1.0), handing the rest to its fallback
+runtime, so it is kept only to show that.
 
 Every result carries `err`: max |y_ds - y_torch| / max |y_torch| against the fp32 torch
 module (for int8 that includes the quantization error, as ours does), and for int8 also
 `err_sim`: against torch doing the same rounding, so a broken export shows as a large
-`err_sim`. One JSON object per case is appended to `--out` as it finishes (so a crash loses
-only the case it happened in); the whole list is also printed to stdout at the end.
+`err_sim`. One JSON object per case and layout is appended to `--out` as it finishes (so a
+crash loses only the one it happened in); the whole list is also printed to stdout at the end.
 
     .venv-peers/bin/python benchmarks/peers_deepsparse_worker.py --cases DIR/cases.json --out DIR/ds.jsonl
 """
@@ -99,32 +104,62 @@ def weight_qparams(w: np.ndarray, per_channel: bool) -> tuple[np.ndarray, np.nda
     return np.clip(np.round(w / (scale[:, None] if per_channel else scale)), -127, 127).astype(np.int8), scale
 
 
+def linear_sites(graph: onnx.GraphProto) -> tuple[dict[int, dict[str, Any]], set[int]]:
+    """Where the exporter wrote each nn.Linear: Gemm(x, W, b, transB=1) for a 2-D x, MatMul(x, W^T) -> Add(b) for 3-D.
+
+    Returns {index of the Gemm or MatMul node: x, y, w (N, K), b, the initializers it replaces,
+    gemm} and the indices of the Add nodes folded into a MatMul site.
+    """
+    inits = {t.name: t for t in graph.initializer}
+    consumers: dict[str, list[int]] = {}
+    for i, node in enumerate(graph.node):
+        for name in node.input:
+            consumers.setdefault(name, []).append(i)
+    sites, folded = {}, set()
+    for i, node in enumerate(graph.node):
+        trans_b = any(a.name == "transB" and a.i == 1 for a in node.attribute)
+        if node.op_type == "Gemm" and trans_b and len(node.input) == 3 and {*node.input[1:]} <= inits.keys():
+            w, b, y, j = node.input[1], node.input[2], node.output[0], None
+        elif node.op_type == "MatMul" and node.input[1] in inits and len(consumers.get(node.output[0], [])) == 1:
+            j = consumers[node.output[0]][0]
+            bias = [name for name in graph.node[j].input if name != node.output[0]]
+            if graph.node[j].op_type != "Add" or len(bias) != 1 or bias[0] not in inits:
+                continue
+            w, b, y = node.input[1], bias[0], graph.node[j].output[0]
+            folded.add(j)
+        else:
+            continue
+        weight = numpy_helper.to_array(inits[w]).astype(np.float32)
+        sites[i] = {"x": node.input[0], "y": y, "w": weight if j is None else weight.T, "gemm": j is None,
+                    "b": numpy_helper.to_array(inits[b]).astype(np.float32), "names": (w, b)}
+    return sites, folded
+
+
 def quantize_graph(src: Path, dst: Path, ranges: Ranges, per_channel: bool, fmt: str) -> list[dict[str, Any]]:
-    """Write `dst`: `src` with every Gemm (weight and bias initializers, transB=1) quantized; returns the qparams.
+    """Write `dst`: `src` with every Linear (`linear_sites`) quantized; returns the qparams.
 
     fmt "integer": QuantizeLinear(x) -> MatMulInteger(x_u8, W_u8 (zero point 128)) -> Add(int32 bias)
     -> Cast -> Mul(rescale), the layout sparseml's exporter gives DeepSparse. fmt "qdq": the Gemm
-    reads DequantizeLinear(QuantizeLinear(x)) and DequantizeLinear(W_int8), bias fp32.
+    (or MatMul -> Add) reads DequantizeLinear(QuantizeLinear(x)) and DequantizeLinear(W_int8), bias fp32.
     """
     model = onnx.load(str(src))
     graph = model.graph
-    inits = {t.name: t for t in graph.initializer}
-    nodes, params, extra = [], [], []
-    for node in graph.node:
-        trans_b = any(a.name == "transB" and a.i == 1 for a in node.attribute)
-        if not (node.op_type == "Gemm" and trans_b and len(node.input) == 3 and node.input[1] in inits):
+    sites, folded = linear_sites(graph)
+    nodes, params, extra, dropped = [], [], [], set()
+    for index, node in enumerate(graph.node):
+        if index in folded:
+            continue
+        if index not in sites:
             nodes.append(node)
             continue
-        i, p = len(params), f"q{len(params)}_"
-        w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
-        b = numpy_helper.to_array(inits[node.input[2]]).astype(np.float32)
-        wq, w_scale = weight_qparams(w, per_channel)
-        a_scale, a_zp = activation_qparams(*ranges[i])
+        site, p = sites[index], f"q{len(params)}_"
+        wq, w_scale = weight_qparams(site["w"], per_channel)
+        a_scale, a_zp = activation_qparams(*ranges[len(params)])
         rescale = (a_scale * w_scale).astype(np.float32)
-        b_q = np.round(b / rescale).astype(np.int32)
+        b_q = np.round(site["b"] / rescale).astype(np.int32)
         extra += [numpy_helper.from_array(np.array(a_scale, np.float32), p + "a_scale"),
                   numpy_helper.from_array(np.array(a_zp, np.uint8), p + "a_zp")]
-        quant = helper.make_node("QuantizeLinear", [node.input[0], p + "a_scale", p + "a_zp"], [p + "a_q"])
+        quant = helper.make_node("QuantizeLinear", [site["x"], p + "a_scale", p + "a_zp"], [p + "a_q"])
         if fmt == "integer":
             extra += [numpy_helper.from_array((wq.T.astype(np.int32) + 128).astype(np.uint8), p + "w_u8"),
                       numpy_helper.from_array(np.array(128, np.uint8), p + "w_zp"),
@@ -133,22 +168,28 @@ def quantize_graph(src: Path, dst: Path, ranges: Ranges, per_channel: bool, fmt:
                       helper.make_node("MatMulInteger", [p + "a_q", p + "w_u8", p + "a_zp", p + "w_zp"], [p + "acc"]),
                       helper.make_node("Add", [p + "acc", p + "b_q"], [p + "acc_b"]),
                       helper.make_node("Cast", [p + "acc_b"], [p + "acc_f"], to=TensorProto.FLOAT),
-                      helper.make_node("Mul", [p + "acc_f", p + "rescale"], [node.output[0]])]
-            bias = b_q * rescale
-        else:
-            extra += [numpy_helper.from_array(wq, p + "w_q"), numpy_helper.from_array(w_scale, p + "w_scale"),
+                      helper.make_node("Mul", [p + "acc_f", p + "rescale"], [site["y"]])]
+            bias, dropped = b_q * rescale, dropped | set(site["names"])
+        else:  # W stays (N, K) under Gemm's transB; MatMul reads it as (K, N), one scale per column
+            axis = {"axis": 0 if site["gemm"] else 1} if per_channel else {}
+            extra += [numpy_helper.from_array(wq if site["gemm"] else np.ascontiguousarray(wq.T), p + "w_q"),
+                      numpy_helper.from_array(w_scale, p + "w_scale"),
                       numpy_helper.from_array(np.zeros(w_scale.shape, np.int8), p + "w_zp")]
             nodes += [quant,
                       helper.make_node("DequantizeLinear", [p + "a_q", p + "a_scale", p + "a_zp"], [p + "a_dq"]),
                       helper.make_node("DequantizeLinear", [p + "w_q", p + "w_scale", p + "w_zp"], [p + "w_dq"],
-                                       **({"axis": 0} if per_channel else {})),
-                      helper.make_node("Gemm", [p + "a_dq", p + "w_dq", node.input[2]], list(node.output), transB=1)]
-            bias = b
-        graph.initializer.remove(inits[node.input[1]])
+                                       **axis)]
+            nodes += ([helper.make_node("Gemm", [p + "a_dq", p + "w_dq", site["names"][1]], [site["y"]], transB=1)]
+                      if site["gemm"] else
+                      [helper.make_node("MatMul", [p + "a_dq", p + "w_dq"], [p + "mm"]),
+                       helper.make_node("Add", [p + "mm", site["names"][1]], [site["y"]])])
+            bias, dropped = site["b"], dropped | {site["names"][0]}
         params.append({"a_scale": a_scale, "a_zp": a_zp, "w_scale": w_scale, "wq": wq, "bias": bias})
     if len(params) != len(ranges):
-        raise RuntimeError(f"quantized {len(params)} Gemm nodes, the module has {len(ranges)} Linear layers")
-    graph.initializer.extend(extra)
+        raise RuntimeError(f"quantized {len(params)} Linear layers in the graph, the module has {len(ranges)}")
+    kept = [t for t in graph.initializer if t.name not in dropped]
+    del graph.initializer[:]
+    graph.initializer.extend(kept + extra)
     del graph.node[:]
     graph.node.extend(nodes)
     onnx.checker.check_model(model)
@@ -181,28 +222,32 @@ def rel_err(a: np.ndarray, ref: np.ndarray) -> float:
 
 
 def run_case(case: dict[str, Any], tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One case in one layout: "3d" feeds the saved x (B, S, K) with batch_size=B, "2d" its (B*S, K) flattening."""
     arrays = dict(np.load(case["file"]))
-    x = torch.from_numpy(arrays["x"])
+    x_np = arrays["x"] if case.get("layout", "3d") == "3d" else arrays["x"].reshape(-1, arrays["x"].shape[-1])
+    x_np = np.ascontiguousarray(x_np)
+    x = torch.from_numpy(x_np)
     module = build_module(arrays, case["kind"])
     with torch.no_grad():
         reference = module(x).numpy()
     path = tmp / f"{case['id']}_fp32.onnx"
+    out: dict[str, Any] = {"id": case["id"], "shape": list(x.shape)}
+    start = time.perf_counter()
     export(module, x, path)
-    out: dict[str, Any] = {"id": case["id"]}
     if case["prec"] == "int8":
         qpath = tmp / f"{case['id']}_int8.onnx"
         params = quantize_graph(path, qpath, linear_input_ranges(module, x), args.weight_quant == "channel",
                                 args.int8_format)
-        simulated = simulate(module, x, params).numpy()
         path = qpath
+    out["export_s"] = time.perf_counter() - start
     start = time.perf_counter()
     engine = deepsparse.Engine(model=str(path), batch_size=x.shape[0], num_cores=args.num_cores)
-    out["compile_s"] = time.perf_counter() - start
-    inputs = [np.ascontiguousarray(arrays["x"])]
+    out["compile_s"] = out["export_s"] + time.perf_counter() - start
+    inputs = [x_np]
     y = engine.run(inputs)[0]
     out["err"] = rel_err(y, reference)
     if case["prec"] == "int8":
-        out["err_sim"] = rel_err(y, simulated)
+        out["err_sim"] = rel_err(y, simulate(module, x, params).numpy())
     for _ in range(2):
         engine.run(inputs)
     times = []
@@ -219,12 +264,12 @@ def run_case(case: dict[str, Any], tmp: Path, args: argparse.Namespace) -> dict[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=Path, required=True, help="cases.json written by peers.py")
-    parser.add_argument("--out", type=Path, required=True, help="JSON lines, one per case, appended")
+    parser.add_argument("--out", type=Path, required=True, help="JSON lines, one per case and layout, appended")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--num-cores", type=int, default=2)
     parser.add_argument("--weight-quant", choices=("channel", "tensor"), default="channel")
     parser.add_argument("--int8-format", choices=("integer", "qdq"), default="integer")
-    parser.add_argument("--skip", nargs="*", default=[], help="case ids to leave out (done, or crashed before)")
+    parser.add_argument("--skip", nargs="*", default=[], help="ids to leave out (done, or crashed before)")
     args = parser.parse_args()
     torch.set_num_threads(args.num_cores)
     cases = [c for c in json.loads(args.cases.read_text()) if c["id"] not in set(args.skip)]
