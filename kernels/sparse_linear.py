@@ -8,7 +8,6 @@ input. A build or check failure is a warning and the module runs the dense refer
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 import time
 import warnings
@@ -21,10 +20,10 @@ from sparta_explore import fake_quant
 from sparta_explore.activations import ACTIVATIONS
 from sparta_explore.fake_quant import qmax, quantized_linear
 from sparta_explore.kernels import output_pool
-from sparta_explore.kernels.bsr_codegen import ROWS_IO, KernelIO, TileConfig, generate_source
+from sparta_explore.kernels.bsr_codegen import ROWS_IO, KernelIO, TileConfig
 from sparta_explore.kernels.build import BuiltLibrary, KernelBuildError, build, cpu_flags, load_library, vector_width
 from sparta_explore.kernels.compiled_op import CompiledOp
-from sparta_explore.kernels.groups import SHORT_SEGMENTS, pack_weights, plan_groups, unit_segments
+from sparta_explore.kernels.fp32_layouts import FP32_LAYOUTS
 from sparta_explore.kernels.int8_codegen import (
     generate_int8_source,
     pack_pairs,
@@ -36,7 +35,6 @@ from sparta_explore.kernels.int8_codegen import (
 )
 from sparta_explore.kernels.lowbit_codegen import offset_correction, pack_quads
 from sparta_explore.kernels.pattern_data import KernelSource, pattern_struct
-from sparta_explore.kernels.segment_codegen import generate_segment_source, pack_segment_weights, plan_segments
 from sparta_explore.kernels.vnni_codegen import WIDE_MIN_M, DotMode, dot_mode, for_scattered, native_dot_mode
 
 _ACT = {name: act.torch_fn for name, act in ACTIVATIONS.items()}  # the one table: sparta_explore/activations.py
@@ -48,26 +46,6 @@ def check_linear_args(weight: torch.Tensor, kept: torch.Tensor, activation: str)
         raise ValueError(f"activation must be one of {sorted(_ACT)}, got {activation!r}")
     if kept.shape != weight.shape:
         raise ValueError(f"kept mask {tuple(kept.shape)} does not match weight {tuple(weight.shape)}")
-
-
-def _rows_layout(weight: np.ndarray, kept: np.ndarray, block_rows: int, cfg: TileConfig, vec: int, act: str,
-                 name: str, io: KernelIO) -> tuple[KernelSource, np.ndarray]:
-    # scattered rows: a predictable loop; an I/O whose k rows are not evenly spaced reads one k per piece
-    groups = unit_segments(plan_groups(kept, block_rows, cfg.rows), 1, math.inf if io.one_word else SHORT_SEGMENTS)
-    source = generate_source(groups, kept.shape[0], kept.shape[1], vec, act, name, cfg, io, as_data=PATTERN_AS_DATA)
-    return source, pack_weights(weight, kept, groups)
-
-
-def _segments_layout(weight: np.ndarray, kept: np.ndarray, block_rows: int, cfg: TileConfig, vec: int, act: str,
-                     name: str, io: KernelIO) -> tuple[KernelSource, np.ndarray]:
-    plan = plan_segments(kept, cfg.rows)
-    source = generate_segment_source(plan, kept.shape[0], kept.shape[1], vec, act, name, cfg, io,
-                                     as_data=PATTERN_AS_DATA)
-    return source, pack_segment_weights(weight, kept, plan)
-
-
-# TileConfig.layout -> (C source, packed weights) of the fp32 kernel
-FP32_LAYOUTS = {"rows": _rows_layout, "segments": _segments_layout}
 
 
 # Kernels read their pattern as data (kernels/pattern_data.py): one library per shape class, tiling and precision,
@@ -260,7 +238,7 @@ class SparseLinear(KernelLinear):
         self._tile = self.tile.tile_vectors * self._vec
         name = "sparse_linear"
         source, packed = FP32_LAYOUTS[self.tile.layout](self.weight.numpy(), kept, block_rows, self.tile, self._vec,
-                                                        self.activation, name, self._kernel_io())
+                                                        self.activation, name, self._kernel_io(), PATTERN_AS_DATA)
         self.built = build(source.text, name, cache_dir=cache_dir)
         self._packed = torch.from_numpy(packed)
         self._keep_tables(source)
