@@ -11,12 +11,17 @@ from sparta_explore.compile.compile_times import STAGES, stage_frame, times_text
 from sparta_explore.kernels import compiler_available
 
 
-@pytest.mark.skipif(not compiler_available(), reason="kernels need gcc")
-def test_breakdown_sums_to_the_compile_and_names_the_kernel_steps(device, tmp_path):
+def _two_sparse_linears():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Linear(96, 32)).eval()
     table = se.TeSATable({f"{i}.weight": se.TeSA.from_mask(torch.rand(*model[i].weight.shape) > 0.9)
                           for i in (0, 2)})
+    return model, table
+
+
+@pytest.mark.skipif(not compiler_available(), reason="kernels need gcc")
+def test_breakdown_sums_to_the_compile_and_names_the_kernel_steps(device, tmp_path):
+    model, table = _two_sparse_linears()
     cm = compile(model, table, (torch.randn(64, 64),), device=device, cache_dir=tmp_path, tune=True, runs=2)
     stages = cm.compile_times
     assert set(stages["stage"]) <= set(STAGES) | {"other"}
@@ -40,10 +45,7 @@ def test_stage_frame_keeps_order_and_names_the_rest_other():
 
 @pytest.mark.skipif(not compiler_available(), reason="kernels need gcc")
 def test_a_compile_past_its_cap_takes_the_profiles_favourites_untimed_and_says_so(device, tmp_path):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Linear(96, 32)).eval()
-    table = se.TeSATable({f"{i}.weight": se.TeSA.from_mask(torch.rand(*model[i].weight.shape) > 0.9)
-                          for i in (0, 2)})
+    model, table = _two_sparse_linears()
     x = torch.randn(64, 64)
     cm = compile(model, table, (x,), device=device, cache_dir=tmp_path, runs=2, max_seconds=0)
     assert cm.capped == len(cm.plan.ops) == 2

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sparta_explore.kernels import KernelFallbackWarning, SparseLinear
+from sparta_explore.kernels import KernelFallbackWarning, SparseLinear, fp32_layouts
 from sparta_explore.kernels import sparse_linear as sparse_linear_module
 from sparta_explore.kernels.build import KernelBuildError
 
@@ -85,12 +85,12 @@ def test_build_failure_falls_back_with_warning(tmp_path, monkeypatch):
 
 
 def test_wrong_numerics_fall_back(tmp_path, monkeypatch):
-    original = sparse_linear_module.pack_weights
+    original = fp32_layouts.pack_weights
 
     def corrupt(*args, **kwargs):
         return original(*args, **kwargs) * 2  # a kernel that computes the wrong thing
 
-    monkeypatch.setattr(sparse_linear_module, "pack_weights", corrupt)
+    monkeypatch.setattr(fp32_layouts, "pack_weights", corrupt)
     with pytest.warns(KernelFallbackWarning, match="max error"):
         layer = SparseLinear(torch.randn(16, 16), None, torch.rand(16, 16) > 0.3, cache_dir=tmp_path)
     x = torch.randn(4, 16)
