@@ -222,7 +222,8 @@ def constant_channels(graph: Graph, table: Table, options: PassOptions) -> PassR
         entries[weight] = _pruned_columns(table.get(weight), tuple(module.weight.shape), indep)
         counts["channels folded"] += int(indep.sum())
         counts["readers rewritten"] += 1
-    new = finished(graph, gm)
+    # folding is exact: every node computes what it did, and without a bias map no node is new (no model run)
+    new = finished(graph, gm, same_values=counts["bias maps"] == 0)
     result = run_propagation(new, carried(entries, new))
     return PassResult(new, result.table, counts, tuple(notes))
 
