@@ -185,15 +185,6 @@ def word_index(groups: Groups, word: int = 1) -> tuple[np.ndarray, np.ndarray]:
     return groups.row0[owner][seg_of_word][word_of_slot] + row_step, word_k[word_of_slot]
 
 
-def segment_blocks(weights: np.ndarray, groups: Groups):
-    """The (rows, k) block of `weights` under each group's segment, in the order kernels read them."""
-    for g in range(len(groups.row0)):
-        r0, r = int(groups.row0[g]), int(groups.rows[g])
-        for s in range(int(groups.seg_ptr[g]), int(groups.seg_ptr[g + 1])):
-            k0, length = int(groups.seg_k0[s]), int(groups.seg_len[s])
-            yield weights[r0:r0 + r, k0:k0 + length]
-
-
 def pack_weights(weight: np.ndarray, kept: np.ndarray, groups: Groups) -> np.ndarray:
     """Kept weights in kernel order: per group, per segment, per k, the group's rows (pruned -> 0).
 

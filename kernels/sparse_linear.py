@@ -62,13 +62,16 @@ class KernelLinear(CompiledOp):
 
     Subclasses implement `_build(kept, block_rows, cache_dir)` (setting `self._fn`),
     `_run(x2, y)` and `reference(x)`. Inputs are checked and dtypes kept as `CompiledOp` says.
+    `tile="auto"` searches the tiling (cached per pattern class); `tile_searched=True` says a
+    given tile is that search's result (compile passes it; no tune step follows). A kernel
+    built with its pattern as data reads it through `pattern_address` (None when baked).
     """
 
     kind = "kernel"
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kept: torch.Tensor, *, block_rows: int = 1,
                  activation: str = "none", cache_dir: str | os.PathLike | None = None, check: bool = True,
-                 tile: TileConfig | str = TileConfig(), expected_m: int = 1024) -> None:
+                 tile: TileConfig | str = TileConfig(), expected_m: int = 1024, tile_searched: bool = False) -> None:
         super().__init__()
         check_linear_args(weight, kept, activation)
         self.out_features, self.in_features = weight.shape
@@ -88,9 +91,10 @@ class KernelLinear(CompiledOp):
         self._fn = None
         self._keep_tables(None)
         start = time.perf_counter()
-        tile_searched = tile == "auto"
-        self.tile_searched = tile_searched  # the tiling a (cached) search chose: a tune step has nothing to add
-        if tile_searched:
+        searching = tile == "auto"
+        # the tiling a (cached) search chose, here or by the caller: a tune step has nothing to add
+        self.tile_searched = searching or bool(tile_searched)
+        if searching:
             from sparta_explore.kernels.tuning import search
 
             tile = search(weight, bias, kept, block_rows=block_rows, activation=activation, m=expected_m,
@@ -114,7 +118,7 @@ class KernelLinear(CompiledOp):
                           "running the reference op", KernelFallbackWarning, stacklevel=2)
         gcc = self.built.build_seconds if self.built is not None else 0.0
         # where this op's construction went (compile's breakdown, `CompiledModel.compile_times`)
-        self.build_seconds = {"tile search": searched - start if tile_searched else 0.0,
+        self.build_seconds = {"tile search": searched - start if searching else 0.0,
                               "gcc + load": min(gcc, max(0.0, built - searched)),
                               "codegen": max(0.0, built - searched - gcc), "kernel check": max(0.0, checked - built)}
 
@@ -127,13 +131,10 @@ class KernelLinear(CompiledOp):
         self._point_tables()
 
     def _point_tables(self) -> None:
-        # `struct pattern` holds addresses: made again whenever the tables' tensors may have moved (copy, load)
+        # `struct pattern` holds addresses: made again whenever the tables' tensors may have moved (copy, load);
+        # its own address is kept as an int (`ndarray.ctypes` builds an object per access: not per call)
         self._struct = None if self._layout is None else pattern_struct(self._tab64, self._tab32, self._layout)
-
-    @property
-    def pattern_address(self) -> int | None:
-        """Address of the kernel's `struct pattern` (kernels/pattern_data.py), None when its tables are baked."""
-        return None if self._struct is None else self._struct.ctypes.data
+        self.pattern_address = None if self._struct is None else int(self._struct.ctypes.data)
 
     @property
     def kept(self) -> torch.Tensor:
@@ -178,6 +179,7 @@ class KernelLinear(CompiledOp):
         state = self.__dict__.copy()
         state.pop("_fn", None)
         state.pop("_struct", None)
+        state.pop("pattern_address", None)
         state.pop("_weight_levels", None)  # a cache of the weight grid, made again on first use
         built = state.get("built")
         state["built"] = None if built is None else built.detached()

@@ -20,7 +20,6 @@ import torch
 from torch import nn
 
 from sparta_explore.fake_quant import fake_quantize_rows
-from sparta_explore.kernels.bsr_codegen import TileConfig
 from sparta_explore.kernels.conv_geometry import ConvGeometry
 from sparta_explore.kernels.dense import DenseConv2d, DenseLinear, ShrunkConv2d, SummedParts
 from sparta_explore.kernels.shrink import ShrunkLinear
@@ -50,12 +49,16 @@ class LowerContext:
     searched_tiles: bool = False
 
 
-def _tile(mask: torch.Tensor, block_rows: int, activation: str, ctx: LowerContext) -> TileConfig | str:
-    """"auto" (search, or its cached result) or the default tiling for one sparse sub-operator."""
+def _tile(mask: torch.Tensor, block_rows: int, activation: str, ctx: LowerContext) -> dict:
+    """The tiling keywords of one sparse sub-operator: "auto" (search now), the class's search result, or the
+    default tiling."""
+    if ctx.tune:
+        return {"tile": "auto"}
     kept = mask.cpu().numpy().astype(bool)
-    if ctx.tune or ctx.searched_tiles and searched(kept, block_rows, activation, ctx.m, ctx.cache_dir) is not None:
-        return "auto"
-    return default_tile(kept, block_rows)
+    found = searched(kept, block_rows, activation, ctx.m, ctx.cache_dir) if ctx.searched_tiles else None
+    if found is not None:
+        return {"tile": found, "tile_searched": True}
+    return {"tile": default_tile(kept, block_rows)}
 
 
 Builder = Callable[[SubOp, torch.Tensor | None, str, LowerContext], nn.Module]
@@ -117,9 +120,8 @@ def _shrink_linear(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.M
 
 @register_builder("sparse", "linear")
 def _sparse_linear(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Module:
-    tile = _tile(sub.mask, sub.block[0], activation, ctx)
     return SparseLinear(part_weight(ctx.module, sub), bias, sub.mask, block_rows=sub.block[0], activation=activation,
-                        cache_dir=ctx.cache_dir, tile=tile, expected_m=ctx.m)
+                        cache_dir=ctx.cache_dir, expected_m=ctx.m, **_tile(sub.mask, sub.block[0], activation, ctx))
 
 
 @register_builder("int8", "linear")
@@ -148,9 +150,8 @@ def _sparse_conv(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Mod
     conv = ctx.module
     weight = part_weight(conv, sub).reshape(conv.out_channels, -1)
     mask = sub.mask.reshape(conv.out_channels, -1)
-    tile = _tile(mask, sub.block[0], activation, ctx)
-    options = dict(block_rows=sub.block[0], activation=activation, cache_dir=ctx.cache_dir, tile=tile,
-                   expected_m=ctx.m)
+    options = dict(block_rows=sub.block[0], activation=activation, cache_dir=ctx.cache_dir, expected_m=ctx.m,
+                   **_tile(mask, sub.block[0], activation, ctx))
     if ctx.in_shape is not None and len(ctx.in_shape) == 4:
         geometry = ConvGeometry.of(conv, ctx.in_shape[2:])
         return SparseConv2d(conv, ImplicitConvLinear(weight, bias, mask, geometry, **options))
