@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 
 from sparta_explore.errors import SpartaError
 from sparta_explore.fake_quant import INT_BITS, fake_quantize_rows
@@ -76,6 +77,11 @@ def check_input(op: str, x: object, features: int, dim: int = -1, ndim: tuple[in
         raise KernelInputError(f"{op}: expected {features} features in dimension {dim}, got {describe(x)}")
 
 
+def _without_data(x: torch.Tensor) -> bool:
+    """A meta or fake tensor (shape propagation): no memory a kernel could read, so the reference runs."""
+    return x.device.type == "meta" or isinstance(x, FakeTensor)
+
+
 class CompiledOp(nn.Module):
     """Base of compiled ops: input check, dtype and autograd policy around `_fast(x)` and `reference(x)`.
 
@@ -114,7 +120,7 @@ class CompiledOp(nn.Module):
                                       "model under torch.no_grad() / torch.inference_mode(), or train the "
                                       "original model")
             return self.reference(x)
-        if x.dtype != FAST_DTYPE:
+        if x.dtype != FAST_DTYPE or _without_data(x):
             return self.reference(x)
         return self._fast(x)
 

@@ -231,16 +231,34 @@ def capture(model: nn.Module | fx.GraphModule | torch.export.ExportedProgram, ex
                          call_kwargs=dict(call_kw), method=used, notes=() if note is None else (note,))
 
 
-def _describe(gm: fx.GraphModule, root: nn.Module, *, source: nn.Module, flat: tuple, call_args: tuple,
-              call_kwargs: dict, method: str, notes: tuple[str, ...] = ()) -> Graph:
-    """Run `gm` once on `flat` (eval mode, no grad) and record every tensor's shape: the `Graph` of `gm`."""
-    from sparta_explore.tracing.inputs import set_mode
+def _fake_run(gm: fx.GraphModule, flat: tuple) -> _ShapeRecorder | None:
+    """`gm` run on fake tensors shaped like `flat` (shapes and sizes, no arithmetic: BERT-base in a third of a real
+    run's second), or None when an op cannot run so (its result depends on values)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
     recorder = _ShapeRecorder(gm)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)  # the parameters stay real: fake mode reads their shapes
+    try:
+        with mode, torch.no_grad():
+            recorder.run(*(mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in flat))
+    except Exception:  # noqa: BLE001  (any op fake mode cannot run: the real run below answers, or names the node)
+        return None
+    return recorder
+
+
+def _describe(gm: fx.GraphModule, root: nn.Module, *, source: nn.Module, flat: tuple, call_args: tuple,
+              call_kwargs: dict, method: str, notes: tuple[str, ...] = (), fake: bool = False) -> Graph:
+    """Run `gm` once on `flat` (eval mode, no grad) and record every tensor's shape: the `Graph` of `gm`.
+    `fake`: on fake tensors where every op can (`_fake_run`), for shapes of a model captured for real before."""
+    from sparta_explore.tracing.inputs import set_mode
+
     was_training = set_mode(root, False)
     try:
-        with torch.no_grad():
-            recorder.run_example(flat)
+        recorder = _fake_run(gm, flat) if fake else None
+        if recorder is None:
+            recorder = _ShapeRecorder(gm)
+            with torch.no_grad():
+                recorder.run_example(flat)
     finally:
         set_mode(root, was_training)
     fx_graph = gm.graph
@@ -307,13 +325,14 @@ def rewritten(graph: Graph, gm: fx.GraphModule) -> Graph:
     """The `Graph` of `gm`, a rewrite of `graph`'s module that takes the same inputs (shapes recorded anew).
 
     A graph pass returns this: the calling convention, example inputs and capture method stay
-    `graph`'s; tensor names and shapes are `gm`'s own (its parameters name themselves).
+    `graph`'s; tensor names and shapes are `gm`'s own (its parameters name themselves). Shapes come
+    from a run on fake tensors where every op can run so (no arithmetic), else from a real run.
 
     Example:
         >>> g2 = rewritten(g, fx.GraphModule(g.module, g.module.graph))  # doctest: +SKIP
     """
     return _describe(gm, gm, source=gm, flat=graph.example_inputs, call_args=graph.call_args,
-                     call_kwargs=graph.call_kwargs, method=graph.method, notes=graph.notes)
+                     call_kwargs=graph.call_kwargs, method=graph.method, notes=graph.notes, fake=True)
 
 
 def _is_constant(value: Any) -> bool:

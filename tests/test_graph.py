@@ -114,3 +114,41 @@ def test_summary_lists_tensors():
     df = g.summary()
     assert set(df["kind"]) == {"param", "activation"}
     assert df.set_index("name").loc["0.weight", "shape"] == "3x4"
+
+
+class _ReadsAValue(nn.Module):
+    """A forward whose shape depends on a value: fake tensors cannot run it."""
+
+    def forward(self, x):
+        n = int((x > 0).sum())
+        return x.flatten()[:n] * 2
+
+
+@pytest.mark.parametrize("name", ["digits-cnn", "bert-tiny"])
+def test_rewritten_graphs_record_the_shapes_a_real_run_does(name):
+    from sparta_explore.graph import _describe, rewritten
+
+    g = capture(build_model(name).eval(), example_inputs(name))
+    fake = rewritten(g, g.module)
+    real = _describe(g.module, g.module, source=g.module, flat=g.example_inputs, call_args=g.call_args,
+                     call_kwargs=g.call_kwargs, method=g.method)
+    assert fake.tensors == real.tensors and fake.constants == real.constants
+    assert fake.tuple_shapes == real.tuple_shapes
+
+
+class _Holder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.reads = _ReadsAValue()
+
+
+def test_a_forward_fake_tensors_cannot_run_is_described_by_a_real_run():
+    from sparta_explore.graph import _fake_run, rewritten
+
+    fx_graph = torch.fx.Graph()
+    fx_graph.output(fx_graph.call_module("reads", (fx_graph.placeholder("x"),)))
+    gm = torch.fx.GraphModule(_Holder(), fx_graph)
+    x = torch.tensor([1.0, -1.0, 2.0, 3.0])
+    assert _fake_run(gm, (x,)) is None
+    described = rewritten(capture(nn.Identity(), (x,)), gm)
+    assert described.tensors["reads"].shape == (3,)  # three positive values: only a real run knows

@@ -1,5 +1,8 @@
 """TeSA: constructors, statistics, block density, and the meet laws of merge."""
 
+import copy
+import pickle
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -160,3 +163,11 @@ def test_prune_adds_pruned_elements_only():
     t = TeSA.from_mask(torch.tensor([1, 1, 0, 1]), bits=8)
     p = t.prune(torch.tensor([True, False, False, False]))
     assert p.bits.tolist() == [0, 8, 0, 8]
+
+
+def test_bit_counts_are_computed_once_and_survive_pickling_and_copies():
+    t = TeSA(torch.tensor([0, 4, 8, 8]))
+    assert t.bit_histogram() == {0: 1, 4: 1, 8: 2}
+    assert t._key_counts() is t._key_counts()  # kept: planning asks the same TeSA thousands of times
+    for other in (pickle.loads(pickle.dumps(t)), copy.deepcopy(t), TeSA.dense((2, 3), bits=8)):
+        assert other.kept_bits() == ([4, 8] if other == t else [8])

@@ -14,6 +14,7 @@ import dataclasses
 import time
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -258,17 +259,40 @@ class _InputRecorder(fx.Interpreter):
         return super().run_node(n)
 
 
+@dataclass(frozen=True)
+class RecordedRun:
+    """One run of a graph on its example inputs: the input each planned op read (by op), the model's output and
+    the run's wall seconds. For an fp32 table that output is what the checks' reference ops compute: a compile
+    takes it from here instead of running the model again (BERT-base: a second a run)."""
+
+    inputs: dict[str, torch.Tensor]
+    output: Any
+    seconds: float
+
+
+def record_run(graph: Graph, ops: list[OpPlan]) -> RecordedRun:
+    """Run `graph` on its example inputs once, keeping the input each op of `ops` reads (what candidates are
+    checked and timed on) and the output.
+
+    Example:
+        >>> record_run(graph, list(plan.ops.values())).inputs["fc1"].shape  # doctest: +SKIP
+        torch.Size([64, 784])
+    """
+    recorder = _InputRecorder(graph.module, {op.op: op.site.input_index for op in ops})
+    start = time.perf_counter()
+    with torch.inference_mode():
+        output = recorder.run(*graph.example_inputs)
+    return RecordedRun(recorder.seen, output, time.perf_counter() - start)
+
+
 def record_inputs(graph: Graph, ops: list[OpPlan]) -> dict[str, torch.Tensor]:
-    """The input each op of `ops` reads when `graph` runs its example inputs (what candidates are checked and timed on).
+    """The input each op of `ops` reads when `graph` runs its example inputs (`record_run`'s inputs).
 
     Example:
         >>> record_inputs(graph, list(plan.ops.values()))["fc1"].shape  # doctest: +SKIP
         torch.Size([64, 784])
     """
-    recorder = _InputRecorder(graph.module, {op.op: op.site.input_index for op in ops})
-    with torch.inference_mode():
-        recorder.run(*graph.example_inputs)
-    return recorder.seen
+    return record_run(graph, ops).inputs
 
 
 def same_as_masked(op: OpPlan) -> bool:

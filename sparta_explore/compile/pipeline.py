@@ -39,7 +39,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from sparta_explore.compile.choose import TOLERANCE, choose, record_inputs, same_as_masked, tolerance
+from sparta_explore.compile.choose import TOLERANCE, choose, record_run, same_as_masked, tolerance
 from sparta_explore.compile.compile_times import stage_frame
 from sparta_explore.compile.compiled_model import CompiledModel, SizeGuard, floating_dtypes
 from sparta_explore.compile.config import CompileConfig
@@ -54,6 +54,7 @@ from sparta_explore.compile.passes.graph_edit import editable
 from sparta_explore.compile.passes.pipeline import PassReport, run_passes
 from sparta_explore.compile.prepare import offered, prepare
 from sparta_explore.compile.record import CompileRecord
+from sparta_explore.compile.same_function import same_function
 from sparta_explore.compile.table_reference import has_grids, table_reference
 from sparta_explore.compile.verify import ModelOutputs, check_row, model_error, verified_module
 from sparta_explore.errors import SpartaError
@@ -83,16 +84,13 @@ def _pass_frame(reports: list[PassReport], kernel_rows: list[dict]) -> pd.DataFr
     return pd.DataFrame(rows + kernel_rows, columns=["pass", "changed", "seconds", "notes"])
 
 
-def _choose_all(working: Graph, execution: ExecutionPlan, config: CompileConfig,
+def _choose_all(working: Graph, execution: ExecutionPlan, config: CompileConfig, op_inputs: Mapping[str, torch.Tensor],
                 stages: dict[str, float], deadline: float) -> dict[str, nn.Module]:
     """Build, check and time every planned op's candidates on its recorded input; the chosen modules by op.
 
     Past `deadline` (`time.perf_counter()`; `CompileConfig.max_seconds`) the profile's favourite is taken.
     Adds its own stages' seconds to `stages` (the ops keep theirs in `OpPlan.seconds`)."""
     planned = list(execution.ops.values())
-    t0 = time.perf_counter()
-    op_inputs = record_inputs(working, planned)
-    stages["record inputs"] = time.perf_counter() - t0
     compiled: dict[str, nn.Module] = {}
     for op in planned:
         if op.site.module_target is not None and len(working.module_nodes(op.site.module_target)) > 1:
@@ -208,7 +206,10 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
     before_kernels = editable(working)  # the passes' model with no kernels: the guard's other candidate
     stages.update({"graph passes": t1 - t0, "plan": time.perf_counter() - t1})
     deadline = start + config.max_seconds if config.max_seconds is not None else float("inf")
-    compiled = _choose_all(working, execution, config, stages, deadline)
+    t0 = time.perf_counter()
+    recorded = record_run(working, list(execution.ops.values()))
+    stages["record inputs"] = time.perf_counter() - t0
+    compiled = _choose_all(working, execution, config, recorded.inputs, stages, deadline)
     gm = working.module
     kernel_rows = []
     if config.runs_pass("fuse_epilogue"):
@@ -224,10 +225,18 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
     tol = tolerance([execution.ops[name] for name in compiled])
     t0 = time.perf_counter()
     references = [("table", trusted)]
-    if input_table is not None:
-        references.append(("input table", table_reference(graph, input_table)[0]))
     outputs = ModelOutputs(graph)
-    run, rows = verified_module(graph, gm, execution, compiled, references, tol, config.verify, outputs)
+    if input_table is not None:
+        started = table_reference(graph, input_table)[0]
+        if same_function(trusted, started, graph.constants):  # propagation changed no weight read: one run for both
+            outputs.same(started, trusted)
+        references.append(("input table", started))
+    ops_reference = None
+    if tol == TOLERANCE[FP32]:  # fp32 kernels' references compute what the ops did when inputs were recorded
+        ops_reference = before_kernels
+        outputs.given(before_kernels, recorded.output, recorded.seconds)
+    run, rows = verified_module(graph, gm, execution, compiled, references, tol, config.verify, outputs,
+                                ops_reference)
     if unread and execution.ops:
         next(iter(execution.ops.values())).notes.append(
             f"{len(unread)} table entries name parameters the forward never reads: skipped ({unread[0]}, ...)")

@@ -1,7 +1,9 @@
 """The checks every compiled model passes before it is returned, and what runs when one fails.
 
 * **ops**: the compiled model against the same graph with every compiled op running its
-  PyTorch reference. A failure means a kernel bug: every op then runs its reference.
+  PyTorch reference (for fp32 kernels: the passes' model before kernels, which computes the
+  same, its outputs from the run that recorded the ops' inputs). A failure means a kernel
+  bug: every op then runs its reference.
 * **table**: against the model masked with the table it was given (weights on their
   grids where the table asks for <= 8 bits; `table_reference`), i.e. the captured graph
   before any graph pass: passes and kernels together are checked against the user's model.
@@ -62,9 +64,17 @@ class ModelOutputs:
         # by id, with the module kept (its id stays unique): outputs and the seconds of that first call
         self._seen: dict[int, tuple[nn.Module, list[torch.Tensor], float]] = {}
         self.labels: dict[str, nn.Module] = {}
+        self._same: dict[int, tuple[nn.Module, nn.Module]] = {}  # by id: (module, the module it computes as)
+
+    def same(self, module: nn.Module, as_module: nn.Module) -> None:
+        """`module` computes what `as_module` does (`same_function.same_function`): its outputs are never computed
+        apart."""
+        self._same[id(module)] = (module, as_module)
 
     def of(self, module: nn.Module, label: str | None = None) -> list[torch.Tensor]:
         """The floating outputs of `module` on the graph's example inputs (`label` names it for `seconds`)."""
+        if id(module) in self._same:
+            return self.of(self._same[id(module)][1], label)
         if id(module) not in self._seen:
             start = time.perf_counter()
             with torch.inference_mode():
@@ -73,6 +83,13 @@ class ModelOutputs:
         if label is not None:
             self.labels[label] = module
         return self._seen[id(module)][1]
+
+    def given(self, module: nn.Module, output: Any, seconds: float, label: str | None = None) -> None:
+        """Take `output` (any nesting), from a call of `module` on the example inputs that took `seconds`, as its
+        outputs: `module` is then never run here."""
+        self._seen[id(module)] = (module, tensor_leaves(output), seconds)
+        if label is not None:
+            self.labels[label] = module
 
     def seconds(self, module: nn.Module | str) -> float | None:
         """Wall seconds of the first call of `module` (or of the module labelled so), None if it never ran here."""
@@ -118,10 +135,15 @@ def reference_module(gm: fx.GraphModule, compiled: Mapping[str, nn.Module]) -> f
 
 def verified_module(graph: Graph, gm: fx.GraphModule, execution: ExecutionPlan, compiled: Mapping[str, nn.Module],
                     references: Sequence[tuple[str, nn.Module]], tol: float, verify: bool,
-                    outputs: ModelOutputs | None = None) -> tuple[nn.Module, list[dict]]:
-    """The module to run (`gm`, or the reference that a failed check falls back to) and the check rows."""
+                    outputs: ModelOutputs | None = None, ops_reference: nn.Module | None = None
+                    ) -> tuple[nn.Module, list[dict]]:
+    """The module to run (`gm`, or the reference that a failed check falls back to) and the check rows.
+
+    `ops_reference`: a module computing what `gm` with every compiled op running its reference computes
+    (fp32: the passes' model before kernels), its outputs in `outputs` already; default: that graph, built
+    and run here."""
     outputs = outputs or ModelOutputs(graph)
-    reference = reference_module(gm, compiled)
+    reference = ops_reference if ops_reference is not None else reference_module(gm, compiled)
     outputs.of(reference, label="ops reference")  # the passes' model at dense speed: the guard's estimate of it
     ops_error = outputs.error(gm, reference)
     rows = [check_row("ops", ops_error, tol)]

@@ -48,3 +48,13 @@ def test_calls_made_already_are_not_repeated_and_estimates_keep_the_slow_out():
     close = Sleeper(0.0045)
     timing.alternating_ms(fake_graph(), [dense, fast, close], runs=3, settle=True, estimates={2: 0.0045})
     assert close.calls >= 1 + 1  # still in the race: warmed up for real, then timed
+
+
+def test_first_calls_already_far_apart_settle_after_one_agreeing_round():
+    dense, fast = Sleeper(0.02), Sleeper(0.004)
+    ms = timing.alternating_ms(fake_graph(), [dense, fast], runs=20, settle=True, warm={0: 0.02, 1: 0.004})
+    assert dense.calls == fast.calls == 1  # the checks' calls were the warm-ups and the first evidence
+    assert ms[1] < ms[0]
+    near = Sleeper(0.012)  # first calls within WIDE_MARGIN of each other: the usual rounds
+    timing.alternating_ms(fake_graph(), [dense, near], runs=20, settle=True, warm={0: 0.02, 1: 0.012})
+    assert near.calls >= timing.MIN_ROUNDS - 1

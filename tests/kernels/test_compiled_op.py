@@ -166,3 +166,14 @@ def test_fuzzed_inputs_run_right_or_fail_clearly(linear_ops, shape, last, dtype,
     assert got.dtype == x.dtype and got.shape == (*shape, OUT)
     scale = 1 + (float(want.float().abs().max()) if want.numel() else 0.0)
     assert torch.allclose(got.float(), want.float(), atol=1e-2 * scale)
+
+
+def test_a_tensor_without_data_runs_the_reference():
+    """Shape propagation (fake or meta tensors) must never hand a kernel memory it cannot read."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    layer = ShrunkLinear(torch.randn(6, 8), torch.randn(6), torch.ones(6, 8, dtype=torch.bool))
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        y = layer(mode.from_tensor(torch.randn(3, 8)))
+    assert tuple(y.shape) == (3, 6)

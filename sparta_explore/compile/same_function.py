@@ -1,0 +1,115 @@
+"""Whether two reference models compute the same outputs on the example inputs, without running them.
+
+A compile checks its model against the table's reference and against the input table's
+(where propagation started). When propagation pruned no weight further, the two references
+are one model, and one run answers both checks (BERT-base: a second). Propagation does
+prune elements the model never reads, though: BERT's `position_ids` buffer holds 512
+positions and the graph reads `position_ids[:, :128]`. A tensor whose differences lie only
+outside the constant slices the graph reads (sizes as the example recorded them) does not
+change an output on the example inputs.
+
+Example:
+    >>> same_function(nn.Linear(2, 2), nn.Linear(2, 2))
+    False
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+_PLAIN = (int, float, str, bool, tuple, type(None))
+_UNKNOWN = object()
+
+
+def _plain(module: nn.Module) -> dict[str, Any]:
+    return {k: v for k, v in vars(module).items() if isinstance(v, _PLAIN)}
+
+
+def _same_tree(a: nn.Module, b: nn.Module) -> bool:
+    mods_a, mods_b = dict(a.named_modules(remove_duplicate=False)), dict(b.named_modules(remove_duplicate=False))
+    if mods_a.keys() != mods_b.keys():
+        return False
+    for name, m in mods_a.items():
+        other = mods_b[name]
+        if isinstance(m, fx.GraphModule):  # each copy of a GraphModule gets a class of its own: the code decides
+            if not isinstance(other, fx.GraphModule) or m.code != other.code:
+                return False
+        elif type(m) is not type(other) or _plain(m) != _plain(other):
+            return False
+    return True
+
+
+def _index(arg: Any, constants: Mapping[str, Any]) -> Any:
+    """A getitem index with graph nodes replaced by the values the example recorded, or `_UNKNOWN`."""
+    if isinstance(arg, fx.Node):
+        value = constants.get(arg.name, _UNKNOWN)
+        return value if isinstance(value, int) else _UNKNOWN
+    if isinstance(arg, slice):
+        parts = [_index(p, constants) for p in (arg.start, arg.stop, arg.step)]
+        return _UNKNOWN if _UNKNOWN in parts else slice(*parts)
+    if isinstance(arg, tuple):
+        parts = [_index(p, constants) for p in arg]
+        return _UNKNOWN if any(p is _UNKNOWN for p in parts) else tuple(parts)
+    return arg if arg is None or arg is Ellipsis or isinstance(arg, int) else _UNKNOWN
+
+
+def read_elements(gm: fx.GraphModule, target: str, shape: torch.Size, constants: Mapping[str, Any]
+                  ) -> torch.Tensor | None:
+    """The elements of tensor `target` that `gm` reads on the example inputs (bool, `shape`), or None unless every
+    read is a constant slice of a `get_attr` (sizes resolved from `constants`, `Graph.constants`).
+
+    Example:
+        >>> read_elements(gm, "embeddings.position_ids", (1, 512), graph.constants).sum()   # doctest: +SKIP
+        tensor(128)
+    """
+    read = torch.zeros(shape, dtype=torch.bool)
+    attrs = [n for n in gm.graph.nodes if n.op == "get_attr" and n.target == target]
+    if not attrs:  # read by its module (a call_module), not as a value of the graph
+        return None
+    for node in attrs:
+        for user in node.users:
+            if user.op != "call_function" or user.target is not operator.getitem or len(user.args) != 2:
+                return None
+            index = _index(user.args[1], constants)
+            if index is _UNKNOWN:
+                return None
+            try:
+                read[index] = True
+            except (IndexError, TypeError):
+                return None
+    return read
+
+
+def same_function(a: nn.Module, b: nn.Module, constants: Mapping[str, Any] | None = None) -> bool:
+    """Whether `a` and `b` compute the same outputs: the same module tree (types, plain settings such as
+    `act_bits`, graph code) holding equal parameters and buffers. With `constants` (the captured graph's, `a` a
+    GraphModule of it), a tensor may differ where the example's run never reads it (`read_elements`).
+
+    Example:
+        >>> same_function(nn.Linear(2, 2), nn.Linear(2, 2))
+        False
+    """
+    if not _same_tree(a, b):
+        return False
+    tensors = lambda mod: dict(mod.named_parameters(remove_duplicate=False)) | \
+        dict(mod.named_buffers(remove_duplicate=False))  # noqa: E731
+    ta, tb = tensors(a), tensors(b)
+    if ta.keys() != tb.keys():
+        return False
+    for name, x in ta.items():
+        y = tb[name]
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return False
+        if torch.equal(x, y):
+            continue
+        read = read_elements(a, name, x.shape, constants) \
+            if constants is not None and isinstance(a, fx.GraphModule) else None
+        if read is None or bool((read & (x != y)).any()):
+            return False
+    return True

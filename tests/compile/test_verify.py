@@ -1,0 +1,76 @@
+"""The checks' bookkeeping: a module's outputs computed once, taken from a run made already, or shared with a
+module that computes the same; an fp32 compile's ops check reuses the run that recorded the ops' inputs."""
+
+import pytest
+import torch
+from plan.test_planner import Net
+from torch import nn
+
+import sparta_explore as se
+from sparta_explore.compile import compile, verify
+from sparta_explore.compile.verify import ModelOutputs
+
+
+class Counting(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner, self.calls = inner, 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.inner(x)
+
+
+def test_model_outputs_run_each_module_once_and_take_given_and_shared_outputs():
+    graph = se.capture(nn.Linear(4, 3), (torch.randn(2, 4),))
+    outputs = ModelOutputs(graph)
+    ran, given, twin = Counting(nn.Linear(4, 3)), Counting(nn.Linear(4, 3)), Counting(nn.Linear(4, 3))
+    outputs.of(ran)
+    outputs.of(ran)
+    assert ran.calls == 1 and outputs.seconds(ran) > 0
+    out = given.inner(torch.randn(2, 4))
+    outputs.given(given, out, 0.5, label="given")
+    assert torch.equal(outputs.of(given)[0], out) and given.calls == 0 and outputs.seconds("given") == 0.5
+    outputs.same(twin, ran)
+    assert outputs.error(twin, ran) == 0.0 and twin.calls == 0
+
+
+def test_fp32_compile_checks_its_ops_on_the_recorded_run_and_int8_builds_the_reference_graph(
+        device, cache_dir, monkeypatch):
+    built = []
+    real = verify.reference_module
+    monkeypatch.setattr(verify, "reference_module", lambda gm, compiled: built.append(1) or real(gm, compiled))
+    model, x = Net(), torch.randn(33, 64)
+    g = se.capture(model, (x,))
+    table = {n: se.TeSA.from_mask(torch.rand(p.shape) < 0.8) for n, p in model.named_parameters() if p.dim() == 2}
+    cm = compile(g, table, device=device, cache_dir=cache_dir, tune=False, runs=1)
+    assert not built  # the ops' reference outputs came from the run that recorded their inputs
+    row = cm.checks.set_index("check").loc["ops"]
+    assert bool(row["passed"]) and 0 <= cm.max_error < 1e-3
+    with torch.no_grad():
+        assert torch.allclose(cm(x), se.masked_copy(model, table)(x), atol=1e-4)
+    if 8 not in device.bits:
+        pytest.skip("no int8 kernels on this machine: the quantized half needs them")
+    first = next(n for n, p in model.named_parameters() if p.dim() == 2)
+    q = dict(table) | {first: se.TeSA.dense(tuple(model.get_parameter(first).shape), bits=8),
+                       g.inputs[0]: se.TeSA.dense((1, 64), bits=8)}
+    cm = compile(g, q, device=device, cache_dir=cache_dir, tune=False, runs=1)
+    if any(op.candidate(op.chosen).parts[0].kernel == "int8" for op in cm.plan.ops.values()
+           if op.chosen not in (None, "original")):
+        assert built  # quantized references round: the reference graph itself runs
+    assert bool(cm.checks["passed"].all())
+
+
+def test_an_input_table_saying_what_the_table_says_is_checked_without_another_run(device, cache_dir, monkeypatch):
+    model, x = Net(), torch.randn(33, 64)
+    g = se.capture(model, (x,))
+    table = {n: se.TeSA.from_mask(torch.rand(p.shape) < 0.5) for n, p in model.named_parameters() if p.dim() == 2}
+    result = se.run_propagation(g, table)
+    shared = []
+    real = ModelOutputs.same
+    monkeypatch.setattr(ModelOutputs, "same", lambda self, a, b: shared.append(1) or real(self, a, b))
+    cm = compile(g, result, device=device, cache_dir=cache_dir, tune=False, runs=1)
+    checks = cm.checks.set_index("check")
+    assert {"table", "input table"} <= set(checks.index) and bool(checks["passed"].all())
+    assert shared == [1]  # propagation pruned no weight further here: the two references are one model
+    assert checks.loc["input table", "error"] == checks.loc["table", "error"]
