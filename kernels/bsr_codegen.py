@@ -120,18 +120,21 @@ CHUNKS = 8  # row chunks baked into every kernel; small M splits work over them
 
 def _chunks(groups: Groups, n_out: int, empty: np.ndarray) -> tuple[list[int], ...]:
     """Split groups into up to CHUNKS contiguous runs of similar kept work; each owns a row range."""
-    per_group = np.zeros(len(groups.row0))
-    if len(groups.row0):
-        owner = np.repeat(np.arange(len(groups.row0)), np.diff(groups.seg_ptr))
-        np.add.at(per_group, owner, groups.seg_len * groups.rows[owner])
-    total = per_group.sum()
-    cuts = [0]
-    acc = 0.0
-    for g, wk in enumerate(per_group):
-        acc += wk
-        if len(cuts) < CHUNKS and acc >= total * len(cuts) / CHUNKS and g + 1 < len(per_group):
-            cuts.append(g + 1)
-    cuts.append(len(per_group))
+    n_groups = len(groups.row0)
+    per_group = np.zeros(n_groups)
+    if n_groups:
+        owner = np.repeat(np.arange(n_groups), np.diff(groups.seg_ptr))
+        per_group = np.bincount(owner, weights=groups.seg_len * groups.rows[owner], minlength=n_groups)
+    acc = np.cumsum(per_group)
+    total = float(acc[-1]) if n_groups else 0.0
+    cuts, after = [0], 0
+    while len(cuts) < CHUNKS:  # chunk j ends after the first group (past the last cut) whose running work reaches j/8
+        g = max(after, int(np.searchsorted(acc, total * len(cuts) / CHUNKS, side="left")))
+        if g + 1 >= n_groups:
+            break
+        cuts.append(g + 1)
+        after = g + 1
+    cuts.append(n_groups)
     g0, g1, n0, n1 = [], [], [], []
     for i in range(len(cuts) - 1):
         a, b = cuts[i], cuts[i + 1]

@@ -56,13 +56,14 @@ def runs(kept: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         [[0, 0], [0, 3], [2, 1]]
     """
     kept = np.asarray(kept, dtype=bool)
-    before = np.zeros_like(kept)
-    before[:, 1:] = kept[:, :-1]
-    after = np.zeros_like(kept)
-    after[:, :-1] = kept[:, 1:]
-    rows, first = np.nonzero(kept & ~before)  # one start and one end per run, both in row-major order
-    _, last = np.nonzero(kept & ~after)
-    return _i64(rows), _i64(first), _i64(last - first + 1)
+    n, k = kept.shape
+    padded = np.zeros((n, k + 2), dtype=np.int8)  # a False column each side: no run crosses into the next row
+    padded[:, 1:-1] = kept
+    # one pass: +1 where a run starts, -1 one past its end, alternating in row-major order
+    edges = np.flatnonzero(np.diff(padded, axis=1))
+    first, end = edges[0::2], edges[1::2]
+    rows = first // (k + 1)
+    return _i64(rows), _i64(first - rows * (k + 1)), _i64(end - first)
 
 
 def _group_union(kept: np.ndarray, starts: np.ndarray, ends: np.ndarray, max_rows: int) -> np.ndarray:

@@ -55,8 +55,17 @@ def tile_counts(mask: torch.Tensor, block: Block) -> torch.Tensor:
     """
     h, w = block
     n, k = mask.shape
-    padded = F.pad(mask.float(), (0, (-k) % w, 0, (-n) % h))
-    return padded.reshape(padded.shape[0] // h, h, padded.shape[1] // w, w).sum(dim=(1, 3)).long()
+    # bytes summed into int32 a dimension at a time: 3-6x faster than one float sum over both (a plan of BERT-base
+    # asks this 2000 times on 3072 x 768 masks)
+    x = mask.view(torch.uint8) if mask.dtype == torch.bool else mask.to(torch.uint8)
+    if k % w or n % h:
+        x = F.pad(x, (0, (-k) % w, 0, (-n) % h))
+    rows, cols = x.shape[0] // h, x.shape[1] // w
+    if w > 1:
+        x = x.reshape(x.shape[0], cols, w).sum(-1, dtype=torch.int32)
+    if h > 1:
+        x = x.reshape(rows, h, cols).sum(1, dtype=torch.int32)
+    return x.long()
 
 
 def _expand(tiles: torch.Tensor, block: Block, shape: torch.Size) -> torch.Tensor:

@@ -16,6 +16,7 @@ from sparta_explore.kernels.groups import (
     align_segments,
     pack_weights,
     plan_groups,
+    runs,
     unit_segments,
     word_index,
 )
@@ -201,3 +202,48 @@ def test_word_index_lists_every_kept_weight_once():
     rows, ks = word_index(plan_groups(kept, 1, 4))
     assert len(set(zip(rows.tolist(), ks.tolist()))) == len(rows) >= kept.sum()
     assert kept[rows, ks].sum() == kept.sum()
+
+
+@pytest.mark.parametrize("shape", [(5, 9), (1, 1), (0, 4), (3, 0), (64, 33)])
+@pytest.mark.parametrize("density", [0.0, 0.3, 0.9, 1.0])
+def test_runs_equal_a_loop_over_rows(shape, density):
+    kept = np.random.default_rng(7).random(shape) < density
+    want = [(r, k0, len(seg)) for r in range(shape[0]) for k0, seg in _runs_of(kept[r])]
+    got = list(zip(*(a.tolist() for a in runs(kept))))
+    assert got == want
+
+
+def _runs_of(row):
+    out, k = [], 0
+    while k < len(row):
+        if row[k]:
+            start = k
+            while k < len(row) and row[k]:
+                k += 1
+            out.append((start, row[start:k]))
+        else:
+            k += 1
+    return out
+
+
+def _chunk_cuts_loop(groups, chunks):
+    per_group = np.zeros(len(groups.row0))
+    for g in range(len(groups.row0)):
+        per_group[g] = sum(groups.seg_len[s] * groups.rows[g] for s in range(groups.seg_ptr[g], groups.seg_ptr[g + 1]))
+    total, cuts, acc = per_group.sum(), [0], 0.0
+    for g, work in enumerate(per_group):
+        acc += work
+        if len(cuts) < chunks and acc >= total * len(cuts) / chunks and g + 1 < len(per_group):
+            cuts.append(g + 1)
+    return cuts + [len(per_group)]
+
+
+@pytest.mark.parametrize("kind", PATTERNS, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_row_chunks_split_the_work_as_the_loop_did(kind, shape):
+    from sparta_explore.kernels.bsr_codegen import CHUNKS, _chunks
+
+    kept = pattern(kind, *shape, seed=5)
+    groups = plan_groups(kept, 4)
+    g0, g1, *_ = _chunks(groups, shape[0], np.array([], dtype=np.int64))
+    assert g0 + [g1[-1]] == _chunk_cuts_loop(groups, CHUNKS)

@@ -63,3 +63,13 @@ def test_bad_arguments_are_named():
         weighted_block_cover(torch.ones(4, 4, dtype=torch.bool), {(2, 2): 1.0})
     with pytest.raises(ValueError, match="2-D"):
         weighted_block_cover(torch.ones(4, dtype=torch.bool), COSTS)
+
+
+@pytest.mark.parametrize("shape", [(96, 128), (70, 45), (33, 1), (0, 8)])
+@pytest.mark.parametrize("block", [(1, 1), (1, 4), (4, 1), (3, 5), (32, 32)])
+def test_tile_counts_equal_a_loop_over_tiles(shape, block):
+    mask = torch.rand(shape, generator=torch.Generator().manual_seed(3)) < 0.3
+    h, w = block
+    want = [[int(mask[i:i + h, j:j + w].sum()) for j in range(0, shape[1], w)] for i in range(0, shape[0], h)]
+    assert tile_counts(mask, block).tolist() == want
+    assert tile_counts(mask.float(), block).tolist() == want  # not only bool masks
