@@ -56,6 +56,7 @@ from sparta_explore.compile.prepare import offered, prepare
 from sparta_explore.compile.record import CompileRecord
 from sparta_explore.compile.same_function import same_function
 from sparta_explore.compile.table_reference import has_grids, table_reference
+from sparta_explore.compile.timing import OUT_OF_RACE
 from sparta_explore.compile.verify import ModelOutputs, check_row, model_error, verified_module
 from sparta_explore.errors import SpartaError
 from sparta_explore.graph import Graph, capture
@@ -240,10 +241,9 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
     if unread and execution.ops:
         next(iter(execution.ops.values())).notes.append(
             f"{len(unread)} table entries name parameters the forward never reads: skipped ({unread[0]}, ...)")
-    eager = _eager_model(graph, usable, tol)  # checked only where it may run (it costs a model run)
     stages["checks"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    record = None
+    record, eager = None, None
     if config.guard and run is gm:
         candidates = {"compiled": gm}
         # first calls made by the checks, and what the others would take (they compute what a checked model did)
@@ -253,6 +253,10 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
             if reports:
                 candidates["graph passes only"] = before_kernels
                 estimates["graph passes only"] = outputs.seconds("ops reference")
+            # built only where its estimate (the masked reference's call) keeps it in the race: a copy of the model
+            estimate, fastest = outputs.seconds(trusted), outputs.seconds(gm)
+            eager = _eager_model(graph, usable, tol) \
+                if estimate is None or fastest is None or estimate <= OUT_OF_RACE * fastest else None
             if eager is not None:
                 candidates["model as given, masked"] = eager
                 estimates["model as given, masked"] = outputs.seconds(trusted)
@@ -271,7 +275,8 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
     stages["checks"] += time.perf_counter() - t0
     size_guard = None
     if run is not eager and run is not trusted and _size_specialized(run):
-        size_guard = _size_guard(graph, run, _checked(eager, trusted, tol, outputs))
+        fallback = eager if eager is not None else _eager_model(graph, usable, tol)
+        size_guard = _size_guard(graph, run, _checked(fallback, trusted, tol, outputs))
     kept = CompileRecord(graph=graph, table=usable, input_table=input_table,
                          example=(tuple(graph.call_args), dict(graph.call_kwargs)), tolerance=tol)
     total = time.perf_counter() - start
