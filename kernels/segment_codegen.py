@@ -27,6 +27,7 @@ from sparta_explore.kernels.bsr_codegen import (
     TileConfig,
     fp32_driver,
     fp32_source,
+    shape_tables,
 )
 from sparta_explore.kernels.groups import runs
 from sparta_explore.kernels.pattern_data import KernelSource, PatternTables
@@ -205,7 +206,8 @@ def generate_segment_source(plan: SegmentPlan, n_out: int, n_in: int, vec: int, 
     calls = {r: " ".join(f"stile{r}(xt, yb, {j} * {cfg.vectors_for(r)} * VEC, e, W, P);"
                          for j in range(cfg.tile_vectors // cfg.vectors_for(r))) for r in range(1, plan.max_rows + 1)}
     dispatch = "\n".join(f"                            case {r}: {call} break;" for r, call in calls.items())
-    n_panels = len(plan.e_ptr) // len(plan.chunk_n)
+    shape, n_panels = shape_tables(io, as_data, n_in, n_out, len(plan.e_ptr) // len(plan.chunk_n))
+    tables = shape + tables
     act_rows = "" if act == "none" else f"""
                 for (long n = C_N[c]; n < C_N[c + 1]; ++n)
                     for (long t = 0; t < TILE; t += VEC) {{ vf v = LD(yb + n * TILE + t); {_ACTIVATIONS[act]}
@@ -216,7 +218,7 @@ def generate_segment_source(plan: SegmentPlan, n_out: int, n_in: int, vec: int, 
                     for (long t = 0; t < TILE; t += VEC) ST(yb + n * TILE + t, b);
                 }"""
     finish = f"""{act_rows}
-                unpack_tile(yb, Y, m0, mt, C_N[c], C_N[c + 1]);"""
+                unpack_tile(yb, Y, m0, mt, C_N[c], C_N[c + 1], P);"""
 
     def entries(first: str, last: str) -> str:
         return f"""
@@ -239,5 +241,5 @@ def generate_segment_source(plan: SegmentPlan, n_out: int, n_in: int, vec: int, 
 """
     tiles = "".join(_tile_function(r, cfg.vectors_for(r)) for r in range(1, plan.max_rows + 1))
     text = fp32_source(vec, cfg, n_in, n_out, tables.c(as_data) + tiles, fp32_driver(name, body),
-                       f"#define R_ROWS {plan.max_rows}L\n", io)
+                       f"#define R_ROWS {plan.max_rows}L\n", io, shape_in_tables=bool(shape.scalars))
     return KernelSource(text, tables, as_data)

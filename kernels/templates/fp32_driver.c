@@ -12,7 +12,7 @@ void ${name}(const float *X, float *Y, long M, const float *W, const float *bias
             #pragma omp for schedule(static)
             for (long i = 0; i < tiles; ++i) {
                 const long m0 = i * TILE;
-                pack_tile(X, shared + i * XB_FLOATS, m0, M - m0 < TILE ? M - m0 : TILE);
+                pack_tile(X, shared + i * XB_FLOATS, m0, M - m0 < TILE ? M - m0 : TILE, P);
             }
         }
         #pragma omp for schedule(static)
@@ -20,7 +20,7 @@ void ${name}(const float *X, float *Y, long M, const float *W, const float *bias
             const long tile = item / split, m0 = tile * TILE;
             const long c0 = split == 1 ? 0 : item % split, c1 = split == 1 ? N_CHUNKS : c0 + 1;
             const long mt = M - m0 < TILE ? M - m0 : TILE;
-            if (split == 1) pack_tile(X, xb, m0, mt);
+            if (split == 1) pack_tile(X, xb, m0, mt, P);
             const float *xt = split == 1 ? xb : shared + tile * XB_FLOATS;
 ${body}        }
         free(xb);

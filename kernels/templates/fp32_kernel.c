@@ -1,8 +1,6 @@
 #define VEC ${vec}
 #define TILE (${tile_vectors} * VEC)
-#define K_IN ${n_in}L
-#define N_OUT ${n_out}L
-${defines}#ifndef XB_FLOATS
+${shape}${defines}#ifndef XB_FLOATS
 #define XB_FLOATS (K_IN * TILE)  /* floats of one packed X tile: K rows of TILE */
 #endif
 #include <stdlib.h>

@@ -109,4 +109,4 @@ void ${name}_pack_kmajor(const float *src, ${elem} *xq, float *sx) {
         }
 }
 
-void ${name}_unpack(const float *yb, float *Y, long m0, long mt) { unpack_tile(yb, Y, m0, mt, 0, N_OUT); }
+void ${name}_unpack(const float *yb, float *Y, long m0, long mt) { unpack_tile(yb, Y, m0, mt, 0, N_OUT, NULL); }

@@ -1,5 +1,6 @@
 
-static void pack_tile(const float *X, float *xb, long m0, long mt) {
+static void pack_tile(const float *X, float *xb, long m0, long mt, const struct pattern *P) {
+    (void)P;  /* K_IN may be its field (a kernel shared by every shape: bsr_codegen) */
     /* xb[k][t] = X[m0 + t][k]; blocked over k so the written rows of xb stay in L1 */
     for (long k0 = 0; k0 < K_IN; k0 += 64) {
         const long k1 = k0 + 64 < K_IN ? k0 + 64 : K_IN;

@@ -1,5 +1,6 @@
 
-static void pack_tile(const float *X, float *xb, long m0, long mt) {
+static void pack_tile(const float *X, float *xb, long m0, long mt, const struct pattern *P) {
+    (void)P;  /* K_IN may be its field (a kernel shared by every shape: bsr_codegen) */
     /* implicit im2col: X is the conv input, N x C x H x W. Row m of the im2col matrix is output pixel
        (image, oh, ow), column k = (c * KH + i) * KW + j (the weight's own flattening). xb[k][t] is that
        row's value (0 in the padding). A tile's rows split into runs of consecutive pixels of one output

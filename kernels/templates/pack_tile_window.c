@@ -1,5 +1,6 @@
 
-static void pack_tile(const float *X, float *xb, long m0, long mt) {
+static void pack_tile(const float *X, float *xb, long m0, long mt, const struct pattern *P) {
+    (void)P;  /* K_IN may be its field (a kernel shared by every shape: bsr_codegen) */
     /* stride-1 conv as shifted windows. Each image owns CONV_MI rows: its output on a grid as wide as
        the padded input (CONV_WP; the last WP - OW columns of a grid row are computed and dropped), padded
        to whole tiles. im2col value (q, c, i, j) is the padded plane c at flat index q + i * DH * WP + j * DW,

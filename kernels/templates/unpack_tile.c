@@ -22,7 +22,8 @@ static inline void transpose8(const float *src, long src_stride, float *dst, lon
 }
 #endif
 
-static void unpack_tile(const float *yb, float *Y, long m0, long mt, long r0, long r1) {
+static void unpack_tile(const float *yb, float *Y, long m0, long mt, long r0, long r1, const struct pattern *P) {
+    (void)P;  /* N_OUT may be its field */
     /* Y[m0 + t][n] = yb[n][t] for rows r0..r1 */
     long n_vec = r0;
 #if VEC == 8

@@ -1,5 +1,6 @@
 
-static void unpack_tile(const float *yb, float *Y, long m0, long mt, long r0, long r1) {
+static void unpack_tile(const float *yb, float *Y, long m0, long mt, long r0, long r1, const struct pattern *P) {
+    (void)P;  /* N_OUT may be its field */
     /* Y is the conv output, N x N_OUT x OH x OW: a tile's rows inside one image are consecutive pixels,
        so each output channel's share of the tile is one contiguous copy (no transpose) */
     for (long t0 = 0; t0 < mt;) {

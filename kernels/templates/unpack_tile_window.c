@@ -1,5 +1,6 @@
 
-static void unpack_tile(const float *yb, float *Y, long m0, long mt, long r0, long r1) {
+static void unpack_tile(const float *yb, float *Y, long m0, long mt, long r0, long r1, const struct pattern *P) {
+    (void)P;  /* N_OUT may be its field */
     /* Y is the conv output, N x N_OUT x OH x OW; tile row t is grid point q0 + t of its image's WP-wide
        output grid: grid columns from OW on, and grid rows from OH on (tile padding), are dropped */
     const long img = m0 / CONV_MI, q0 = m0 % CONV_MI;

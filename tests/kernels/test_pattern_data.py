@@ -92,6 +92,20 @@ def test_masks_of_one_shape_class_share_a_library_and_copies_repoint_their_table
         check(layer, 9, 96)
 
 
+@pytest.mark.parametrize("tile", TILES[:2], ids=lambda t: t.layout)
+def test_linears_of_every_shape_share_one_library_per_tiling(tmp_path, tile):
+    """K_IN and N_OUT are pattern fields: a shrunk layer (3072 -> 2749 rows) builds nothing new."""
+    layers = []
+    # ragged; all K > N (the segment layout has a loop order per side of K = N)
+    for seed, (n, k) in enumerate([(64, 96), (61, 96), (64, 77), (40, 70)]):
+        g = torch.Generator().manual_seed(seed)
+        w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+        layers.append(SparseLinear(w, b, torch.rand(n, k, generator=g) < 0.3, tile=tile, cache_dir=tmp_path))
+    assert len({layer.built.key for layer in layers}) == 1 and all(layer.built.cached for layer in layers[1:])
+    for layer in layers:
+        check(layer, 37, layer.in_features)
+
+
 def test_pattern_tables_layout_and_limits():
     tables = PatternTables().scalar("N", 5).array("A", np.arange(3)).array("B", np.array([], dtype=np.int64)) \
         .array("C", np.array([7, 8]), "int32_t")
