@@ -23,6 +23,11 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from sparta_explore.compile.table_reference import weight_grid
+from sparta_explore.graph import Graph
+from sparta_explore.plan.sites import input_bits, weight_sites
+from sparta_explore.tesa import TeSA
+
 _PLAIN = (int, float, str, bool, tuple, type(None))
 _UNKNOWN = object()
 
@@ -113,3 +118,32 @@ def same_function(a: nn.Module, b: nn.Module, constants: Mapping[str, Any] | Non
         if read is None or bool((read & (x != y)).any()):
             return False
     return True
+
+
+def same_references(graph: Graph, a: Mapping[str, TeSA], b: Mapping[str, TeSA]) -> bool:
+    """Whether `table_reference(graph, a)` and `table_reference(graph, b)` compute the same outputs on the example
+    inputs, read from the tables alone (no copy of the model is made): every parameter and buffer pruned alike
+    (or differing only where the example never reads it, `read_elements`), every weight on the same grid and
+    every weight site's input at the same bits.
+
+    Example:
+        >>> same_references(graph, result.table, result.input_table)   # doctest: +SKIP
+        True
+    """
+    module = graph.module
+    tensors = dict(module.named_parameters(remove_duplicate=False)) | dict(module.named_buffers(remove_duplicate=False))
+    sites = {graph.canonical(site.weight) for site in weight_sites(graph)}
+    for name in (set(a) | set(b)) & tensors.keys():
+        shape = tuple(tensors[name].shape)
+        ta, tb = a.get(name) or TeSA.dense(shape), b.get(name) or TeSA.dense(shape)
+        if ta == tb:
+            continue
+        if graph.canonical(name) in sites and weight_grid(ta) != weight_grid(tb):
+            return False
+        differ = ta.pruned ^ tb.pruned
+        if not bool(differ.any()):
+            continue  # other bits on kept elements: the reference keeps them in float (or on the same grid)
+        read = read_elements(module, name, tensors[name].shape, graph.constants)
+        if read is None or bool((read & differ).any()):
+            return False
+    return all(input_bits(graph, a, site) == input_bits(graph, b, site) for site in weight_sites(graph))

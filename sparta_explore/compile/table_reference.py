@@ -58,7 +58,14 @@ def split_unread(graph: Graph, module: fx.GraphModule, table: Mapping[str, TeSA]
     return usable, unread
 
 
-def _grid(tesa: TeSA) -> int | None:
+def weight_grid(tesa: TeSA) -> int | None:
+    """The integer grid a weight with this TeSA is put on in the reference (its widest kept bits, at least
+    `MIN_GRID_BITS`), or None: kept in float.
+
+    Example:
+        >>> weight_grid(TeSA.dense((2, 2), bits=8)), weight_grid(TeSA.dense((2, 2)))
+        (8, None)
+    """
     kept = tesa.kept_bits()
     top = max(kept) if kept else 32
     top = max(top, MIN_GRID_BITS)
@@ -73,7 +80,7 @@ def has_grids(table: Mapping[str, TeSA]) -> bool:
         >>> has_grids({"w": TeSA.dense((2, 2))})
         False
     """
-    return any(_grid(t) is not None for t in table.values())
+    return any(weight_grid(t) is not None for t in table.values())
 
 
 def table_reference(graph: Graph, table: Mapping[str, TeSA], *, grids: bool = True
@@ -91,7 +98,7 @@ def table_reference(graph: Graph, table: Mapping[str, TeSA], *, grids: bool = Tr
     with torch.no_grad():
         for site in weight_sites(graph):
             tesa = by_canonical.get(site.weight)
-            grid = None if tesa is None else _grid(tesa)
+            grid = None if tesa is None else weight_grid(tesa)
             if grid is None:
                 continue
             weight = module.get_parameter(site.weight)

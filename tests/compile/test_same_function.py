@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import sparta_explore as se
-from sparta_explore.compile.same_function import read_elements, same_function
+from sparta_explore.compile.same_function import read_elements, same_function, same_references
 from sparta_explore.kernels.dense import DenseLinear
 
 
@@ -53,3 +53,31 @@ def test_differences_only_where_the_example_never_reads_keep_two_models_the_same
     c.scale[3] = 2.0  # read whole (expand): any difference counts
     assert read_elements(c, "scale", c.scale.shape, graph.constants) is None
     assert not same_function(a, c, graph.constants)
+
+
+class PositionsHead(Positions):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(super().forward(x))
+
+
+def test_same_references_reads_the_tables_alone():
+    graph = se.capture(PositionsHead(), (torch.randn(2, 5),))
+    w = (3, 4)
+    base = {"head.weight": se.TeSA.from_mask(torch.rand(w, generator=torch.Generator().manual_seed(1)) < 0.5)}
+    unread = torch.zeros(1, 16, dtype=torch.bool)
+    unread[0, 9:] = True
+    assert same_references(graph, base, dict(base))
+    assert same_references(graph, base, base | {"ids": se.TeSA.from_mask(~unread)})  # prunes only what is never read
+    read = torch.zeros(1, 16, dtype=torch.bool)
+    read[0, 2] = True
+    assert not same_references(graph, base, base | {"ids": se.TeSA.from_mask(~read)})
+    assert not same_references(graph, base, {"head.weight": se.TeSA.dense(w)})  # another mask
+    on_grid = {"head.weight": se.TeSA(base["head.weight"].bits.clamp(max=8))}
+    assert not same_references(graph, base, on_grid)  # a weight put on an 8-bit grid
+    head_input = next(n.args[0].name for n in graph.module.graph.nodes if n.op == "call_module" and n.target == "head")
+    shape = graph.tensors[head_input].shape
+    assert not same_references(graph, on_grid, on_grid | {head_input: se.TeSA.dense(shape, bits=8)})  # int8 input
