@@ -149,7 +149,7 @@ def _chunks(groups: Groups, n_out: int, empty: np.ndarray) -> tuple[list[int], .
 UNPACK_TILE = c_text("unpack_tile.c")
 
 
-def entry_loop(n_panels: int | str, dispatch: str, finish: str) -> str:
+def entry_loop(n_panels: int, dispatch: str, finish: str) -> str:
     """C that runs a work item's panel entries chunk by chunk (`dispatch`: the switch cases on G_ROWS),
     then `finish` (see `finish_tile`) on each chunk's rows: they are still in L2 when they go to Y,
     while X's panels pass through L1.
@@ -244,14 +244,14 @@ def fp32_source(vec: int, cfg: TileConfig, n_in: int, n_out: int, specialized: s
                   pack=io.pack, driver=driver)
 
 
-def shape_tables(io: KernelIO, as_data: bool, n_in: int, n_out: int, n_panels: int) -> tuple[PatternTables, str]:
-    """(the shape's tables, the panel count as C): for a linear's kernel with its pattern as data, K_IN and N_OUT are
-    fields too, so one library per tiling serves every shape (the 24 shapes a shrink pass leaves in BERT-base, and
-    every class of a tile search); else none. The panel count stays a literal (1 unless `TileConfig.panel`): read
-    at run time, its loop cost 3% at K = 3072, M = 1024, where K_IN and N_OUT as fields measured within noise."""
+def shape_tables(io: KernelIO, as_data: bool, n_in: int, n_out: int) -> PatternTables:
+    """The shape's tables: for a linear's kernel with its pattern as data, K_IN and N_OUT are fields too, so one
+    library per tiling serves every shape (the 24 shapes a shrink pass leaves in BERT-base, and every class of a
+    tile search); else none. The panel count stays a literal (1 unless `TileConfig.panel`): read at run time, its
+    loop cost 3% at K = 3072, M = 1024, where K_IN and N_OUT as fields measured within noise."""
     if not (as_data and io == ROWS_IO):  # a convolution's geometry is baked whatever its pattern
-        return PatternTables(), str(n_panels)
-    return PatternTables().scalar("K_IN", n_in).scalar("N_OUT", n_out), str(n_panels)
+        return PatternTables()
+    return PatternTables().scalar("K_IN", n_in).scalar("N_OUT", n_out)
 
 
 def pattern_tables(groups: Groups, n_out: int, act: str) -> tuple[PatternTables, list[int]]:
@@ -298,9 +298,9 @@ def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, n
                                          for j in range(cfg.tile_vectors // cfg.vectors_for(r))) + " break;"
         for r in range(1, cfg.rows + 1))
     tiles = "".join(_tile_function(r, act, cfg.vectors_for(r)) for r in range(1, cfg.rows + 1))
-    shape, n_panels = shape_tables(io, as_data, n_in, n_out, panels.count)
+    shape = shape_tables(io, as_data, n_in, n_out)
     tables = shape + tables
-    body = entry_loop(n_panels, dispatch, finish_tile(act))
+    body = entry_loop(panels.count, dispatch, finish_tile(act))
     text = fp32_source(vec, cfg, n_in, n_out, tables.c(as_data) + tiles, fp32_driver(name, body), io=io,
                        shape_in_tables=bool(shape.scalars))
     return KernelSource(text, tables, as_data)

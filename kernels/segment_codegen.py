@@ -206,7 +206,8 @@ def generate_segment_source(plan: SegmentPlan, n_out: int, n_in: int, vec: int, 
     calls = {r: " ".join(f"stile{r}(xt, yb, {j} * {cfg.vectors_for(r)} * VEC, e, W, P);"
                          for j in range(cfg.tile_vectors // cfg.vectors_for(r))) for r in range(1, plan.max_rows + 1)}
     dispatch = "\n".join(f"                            case {r}: {call} break;" for r, call in calls.items())
-    shape, n_panels = shape_tables(io, as_data, n_in, n_out, len(plan.e_ptr) // len(plan.chunk_n))
+    n_panels = len(plan.e_ptr) // len(plan.chunk_n)
+    shape = shape_tables(io, as_data, n_in, n_out)
     tables = shape + tables
     act_rows = "" if act == "none" else f"""
                 for (long n = C_N[c]; n < C_N[c + 1]; ++n)

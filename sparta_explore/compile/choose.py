@@ -285,16 +285,6 @@ def record_run(graph: Graph, ops: list[OpPlan]) -> RecordedRun:
     return RecordedRun(recorder.seen, output, time.perf_counter() - start)
 
 
-def record_inputs(graph: Graph, ops: list[OpPlan]) -> dict[str, torch.Tensor]:
-    """The input each op of `ops` reads when `graph` runs its example inputs (`record_run`'s inputs).
-
-    Example:
-        >>> record_inputs(graph, list(plan.ops.values()))["fc1"].shape  # doctest: +SKIP
-        torch.Size([64, 784])
-    """
-    return record_run(graph, ops).inputs
-
-
 def same_as_masked(op: OpPlan) -> bool:
     """Whether the chosen candidate computes exactly the site's own masked module (dense, fp32, fp32 input).
 

@@ -35,7 +35,7 @@ from typing import Any
 import pandas as pd
 from torch import nn
 
-from sparta_explore.compile.choose import CompileWarning, choose, record_inputs, same_as_masked, tolerance
+from sparta_explore.compile.choose import CompileWarning, choose, record_run, same_as_masked, tolerance
 from sparta_explore.compile.config import CompileConfig
 from sparta_explore.compile.lowering import LowerContext
 from sparta_explore.compile.prepare import offered, prepare
@@ -114,7 +114,7 @@ def _own_names(root: nn.Module, table: Mapping[str, Any]) -> None:
 
 def _choose(working: Graph, execution: ExecutionPlan, root: nn.Module, config: CompileConfig) -> dict[str, nn.Module]:
     planned = list(execution.ops.values())
-    op_inputs = record_inputs(working, planned)
+    op_inputs = record_run(working, planned).inputs
     chosen: dict[str, nn.Module] = {}
     for op in planned:
         why = _why_not_in_place(root, working, op)

@@ -54,7 +54,7 @@ from sparta_explore.compile.passes.graph_edit import editable
 from sparta_explore.compile.passes.pipeline import PassReport, run_passes
 from sparta_explore.compile.prepare import offered, prepare
 from sparta_explore.compile.record import CompileRecord
-from sparta_explore.compile.same_function import same_function, same_references
+from sparta_explore.compile.same_references import same_references
 from sparta_explore.compile.table_reference import has_grids, table_reference
 from sparta_explore.compile.timing import OUT_OF_RACE
 from sparta_explore.compile.verify import ModelOutputs, check_row, model_error, verified_module
@@ -228,12 +228,7 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
     references = [("table", trusted)]
     outputs = ModelOutputs(graph)
     if input_table is not None:  # where propagation changed no weight the example reads: one model, one run
-        if same_references(graph, table, input_table):
-            started = trusted
-        else:
-            started = table_reference(graph, input_table)[0]
-            if same_function(trusted, started, graph.constants):
-                outputs.same(started, trusted)
+        started = trusted if same_references(graph, table, input_table) else table_reference(graph, input_table)[0]
         references.append(("input table", started))
     ops_reference = None
     if tol == TOLERANCE[FP32]:  # fp32 kernels' references compute what the ops did when inputs were recorded
@@ -262,7 +257,7 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
                 if estimate is None or fastest is None or estimate <= OUT_OF_RACE * fastest else None
             if eager is not None:
                 candidates["model as given, masked"] = eager
-                estimates["model as given, masked"] = outputs.seconds(trusted)
+                estimates["model as given, masked"] = estimate
         name, run, record = guarded(graph, candidates, trusted, config.runs, warm, estimates)
         if name in ("graph passes only", "model as given, masked"):
             error = outputs.error(run, trusted)

@@ -64,17 +64,9 @@ class ModelOutputs:
         # by id, with the module kept (its id stays unique): outputs and the seconds of that first call
         self._seen: dict[int, tuple[nn.Module, list[torch.Tensor], float]] = {}
         self.labels: dict[str, nn.Module] = {}
-        self._same: dict[int, tuple[nn.Module, nn.Module]] = {}  # by id: (module, the module it computes as)
-
-    def same(self, module: nn.Module, as_module: nn.Module) -> None:
-        """`module` computes what `as_module` does (`same_function.same_function`): its outputs are never computed
-        apart."""
-        self._same[id(module)] = (module, as_module)
 
     def of(self, module: nn.Module, label: str | None = None) -> list[torch.Tensor]:
         """The floating outputs of `module` on the graph's example inputs (`label` names it for `seconds`)."""
-        if id(module) in self._same:
-            return self.of(self._same[id(module)][1], label)
         if id(module) not in self._seen:
             start = time.perf_counter()
             with torch.inference_mode():

@@ -1,16 +1,16 @@
-"""Whether two reference models compute the same outputs on the example inputs, without running them.
+"""Whether two tables give references that compute the same outputs on the example inputs, without building them.
 
 A compile checks its model against the table's reference and against the input table's
 (where propagation started). When propagation pruned no weight further, the two references
-are one model, and one run answers both checks (BERT-base: a second). Propagation does
+are one model: it is neither copied nor run twice (BERT-base: a second each). Propagation does
 prune elements the model never reads, though: BERT's `position_ids` buffer holds 512
 positions and the graph reads `position_ids[:, :128]`. A tensor whose differences lie only
 outside the constant slices the graph reads (sizes as the example recorded them) does not
 change an output on the example inputs.
 
 Example:
-    >>> same_function(nn.Linear(2, 2), nn.Linear(2, 2))
-    False
+    >>> same_references(graph, result.table, result.input_table)   # doctest: +SKIP
+    True
 """
 
 from __future__ import annotations
@@ -21,33 +21,13 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch import nn
 
 from sparta_explore.compile.table_reference import weight_grid
 from sparta_explore.graph import Graph
 from sparta_explore.plan.sites import input_bits, weight_sites
 from sparta_explore.tesa import TeSA
 
-_PLAIN = (int, float, str, bool, tuple, type(None))
 _UNKNOWN = object()
-
-
-def _plain(module: nn.Module) -> dict[str, Any]:
-    return {k: v for k, v in vars(module).items() if isinstance(v, _PLAIN)}
-
-
-def _same_tree(a: nn.Module, b: nn.Module) -> bool:
-    mods_a, mods_b = dict(a.named_modules(remove_duplicate=False)), dict(b.named_modules(remove_duplicate=False))
-    if mods_a.keys() != mods_b.keys():
-        return False
-    for name, m in mods_a.items():
-        other = mods_b[name]
-        if isinstance(m, fx.GraphModule):  # each copy of a GraphModule gets a class of its own: the code decides
-            if not isinstance(other, fx.GraphModule) or m.code != other.code:
-                return False
-        elif type(m) is not type(other) or _plain(m) != _plain(other):
-            return False
-    return True
 
 
 def _index(arg: Any, constants: Mapping[str, Any]) -> Any:
@@ -89,35 +69,6 @@ def read_elements(gm: fx.GraphModule, target: str, shape: torch.Size, constants:
             except (IndexError, TypeError):
                 return None
     return read
-
-
-def same_function(a: nn.Module, b: nn.Module, constants: Mapping[str, Any] | None = None) -> bool:
-    """Whether `a` and `b` compute the same outputs: the same module tree (types, plain settings such as
-    `act_bits`, graph code) holding equal parameters and buffers. With `constants` (the captured graph's, `a` a
-    GraphModule of it), a tensor may differ where the example's run never reads it (`read_elements`).
-
-    Example:
-        >>> same_function(nn.Linear(2, 2), nn.Linear(2, 2))
-        False
-    """
-    if not _same_tree(a, b):
-        return False
-    tensors = lambda mod: dict(mod.named_parameters(remove_duplicate=False)) | \
-        dict(mod.named_buffers(remove_duplicate=False))  # noqa: E731
-    ta, tb = tensors(a), tensors(b)
-    if ta.keys() != tb.keys():
-        return False
-    for name, x in ta.items():
-        y = tb[name]
-        if x.shape != y.shape or x.dtype != y.dtype:
-            return False
-        if torch.equal(x, y):
-            continue
-        read = read_elements(a, name, x.shape, constants) \
-            if constants is not None and isinstance(a, fx.GraphModule) else None
-        if read is None or bool((read & (x != y)).any()):
-            return False
-    return True
 
 
 def same_references(graph: Graph, a: Mapping[str, TeSA], b: Mapping[str, TeSA]) -> bool:
