@@ -92,12 +92,18 @@ def m_bucket(m: int) -> str:
     return "small" if m <= 512 else "large"
 
 
+KEEP_WITHIN = 1.25  # after DROP_AFTER rounds, a tiling slower than this times the best median is timed no further
+DROP_AFTER = 3
+
+
 def _time_interleaved(layers: dict, x: torch.Tensor, repeats: int, budget_s: float = 0.02) -> dict:
     """Median time of each layer, candidates taken in turn (machine drift hits all alike).
 
     Sub-millisecond calls (small M) get more rounds, up to `budget_s` per candidate, so the
     choice is not decided by noise (M=128, 90% unstructured: the old 5 sequential runs kept
-    a tiling 1.3x slower than the best).
+    a tiling 1.3x slower than the best). After `DROP_AFTER` rounds only the tilings within
+    `KEEP_WITHIN` of the best median go on (their medians keep their first rounds): the rounds
+    left decide between close ones, and the far ones were most of a search's timing.
     """
     if not layers:
         return {}
@@ -105,11 +111,15 @@ def _time_interleaved(layers: dict, x: torch.Tensor, repeats: int, budget_s: flo
     rounds = min(50, max(repeats, int(budget_s / max(min(first.values()), 1e-6))))
     ys = {cfg: torch.empty(x.shape[0], layer.out_features) for cfg, layer in layers.items()}
     times: dict = {cfg: [] for cfg in layers}
-    for _ in range(rounds):
-        for cfg, layer in layers.items():
+    racing = list(layers)
+    for done in range(1, rounds + 1):
+        for cfg in racing:
             start = time.perf_counter()
-            layer._run(x, ys[cfg])
+            layers[cfg]._run(x, ys[cfg])
             times[cfg].append(time.perf_counter() - start)
+        if done == DROP_AFTER:
+            best = min(statistics.median(times[cfg]) for cfg in racing)
+            racing = [cfg for cfg in racing if statistics.median(times[cfg]) <= KEEP_WITHIN * best]
     return {cfg: statistics.median(t) for cfg, t in times.items()}
 
 

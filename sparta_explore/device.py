@@ -200,12 +200,19 @@ def machine_key(shape: ProfileShape) -> str:
                         "shape": asdict(shape)})[:16]
 
 
-def fastest_ms(fns: dict, x: torch.Tensor, rounds: int) -> dict:
+SETTLE_ROUNDS = 2  # with `settle`, rounds after which a clear winner ends the timing
+SETTLE_MARGIN = 0.8  # clear: the winner's slowest run under this share of every other's fastest
+
+
+def fastest_ms(fns: dict, x: torch.Tensor, rounds: int, settle: bool = False) -> dict:
     """Fastest time (ms) of each function on `x`, timed in interleaved rounds.
 
     The fastest run, not the median: a cost model wants this machine's speed, not its
     neighbours' load; interleaving spreads any burst of load over every function instead
-    of spoiling the one that happened to run during it.
+    of spoiling the one that happened to run during it. `settle` (a race: only the winner
+    matters) stops after `SETTLE_ROUNDS` rounds when even the winner's slowest run beat every
+    other's fastest by `SETTLE_MARGIN`: more rounds only lower the others' minimums by what
+    their own noise allows (a dense candidate 4x slower than its sparse kernel, a fused pair).
 
     Example:
         >>> sorted(fastest_ms({"a": torch.relu, "b": torch.tanh}, torch.ones(4), rounds=3))
@@ -213,8 +220,17 @@ def fastest_ms(fns: dict, x: torch.Tensor, rounds: int) -> dict:
     """
     for fn in fns.values():
         fn(x)
-    times = interleaved_ms(list(fns.values()), rounds, (x,))
+    first = min(rounds, SETTLE_ROUNDS) if settle and len(fns) > 1 else rounds
+    times = interleaved_ms(list(fns.values()), first, (x,))
+    if first < rounds and not _parted(times):
+        times = [a + b for a, b in zip(times, interleaved_ms(list(fns.values()), rounds - first, (x,)))]
     return {key: min(ts, default=float("inf")) for key, ts in zip(fns, times)}
+
+
+def _parted(times: list[list[float]]) -> bool:
+    """Whether one function's slowest run is under `SETTLE_MARGIN` of every other's fastest."""
+    win = min(range(len(times)), key=lambda i: max(times[i]))
+    return all(max(times[win]) < SETTLE_MARGIN * min(t) for i, t in enumerate(times) if i != win)
 
 
 def _block_pattern(shape: ProfileShape, block: tuple[int, int], gen: torch.Generator) -> tuple[torch.Tensor, int]:

@@ -99,7 +99,7 @@ def test_chained_int8_linears_fuse_where_the_pair_measures_faster(device, cache_
     table = se.TeSATable({**{name: se.TeSA.from_mask(k, bits=8) for name, k in kept.items()},
                           g.inputs[0]: se.TeSA.dense((1, 64), bits=8), "_1": se.TeSA.dense((1, 192), bits=8)})
 
-    def timed(fns, x, rounds):  # the decision is the pass's; what the clock says is the test's
+    def timed(fns, x, rounds, settle=False):  # the decision is the pass's; what the clock says is the test's
         return {name: (1.0 if name == faster else 2.0) for name in fns}
 
     monkeypatch.setattr("sparta_explore.compile.int8_pairs.fastest_ms", timed)

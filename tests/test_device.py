@@ -65,3 +65,26 @@ def test_a_torn_profile_file_is_measured_again(device, cache_dir, monkeypatch):
         assert DeviceProfile.from_json(path.read_text()) == device  # rewritten whole
     finally:
         path.write_text(good)
+
+
+def test_a_settled_race_stops_after_its_first_rounds_and_a_close_one_runs_them_all():
+    import time
+
+    from sparta_explore import device as dev
+
+    calls = {"fast": 0, "slow": 0, "near": 0}
+
+    def sleeper(name, seconds):
+        def fn(_):
+            calls[name] += 1
+            time.sleep(seconds)
+        return fn
+
+    ms = dev.fastest_ms({"fast": sleeper("fast", 0.001), "slow": sleeper("slow", 0.006)}, None, 6, settle=True)
+    assert ms["fast"] < ms["slow"] and calls["fast"] == calls["slow"] == 1 + dev.SETTLE_ROUNDS  # warm-up + rounds
+    calls.update(fast=0)
+    dev.fastest_ms({"fast": sleeper("fast", 0.002), "near": sleeper("near", 0.002)}, None, 6, settle=True)
+    assert calls["fast"] == calls["near"] == 1 + 6  # within SETTLE_MARGIN: every round
+    calls.update(fast=0, slow=0)
+    dev.fastest_ms({"fast": sleeper("fast", 0.001), "slow": sleeper("slow", 0.006)}, None, 6)
+    assert calls["fast"] == 1 + 6  # without settle: every round

@@ -165,7 +165,7 @@ def _tuned_already(module: nn.Module) -> bool:
 def _timed(op: OpPlan, modules: dict[str, nn.Module], x: torch.Tensor, runs: int) -> dict[str, float]:
     start = time.perf_counter()
     with torch.inference_mode():
-        times = fastest_ms(modules, x, runs)
+        times = fastest_ms(modules, x, runs, settle=True)
     _spend(op, "timing", time.perf_counter() - start)
     return times
 

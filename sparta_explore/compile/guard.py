@@ -24,12 +24,14 @@ from sparta_explore.graph import Graph
 
 
 def guarded(graph: Graph, candidates: dict[str, nn.Module], reference: nn.Module, runs: int,
-            warm: Mapping[str, float] | None = None, estimates: Mapping[str, float] | None = None
-            ) -> tuple[str, nn.Module, dict]:
+            warm: Mapping[str, float] | None = None, estimates: Mapping[str, float] | None = None,
+            warm_exact: bool = False) -> tuple[str, nn.Module, dict]:
     """The fastest of `candidates` (all computing what the table asks), or `reference` if even that is slower than
     the dense model and the reference is faster; its name, the module and the timing record. `warm`: seconds of
     a first call some candidates (or "dense") made already; `estimates`: what a candidate's call would take (see
-    `alternating_ms`): a candidate far slower than the fastest is then never called.
+    `alternating_ms`): a candidate far slower than the fastest is then never called. `warm_exact`: each call in
+    `warm` did that module's work (for "dense": a model doing the same ops, e.g. the masked fp32 one), so first
+    calls already three times apart settle the race without another call (their times are then the record's).
 
     Example:
         >>> name, module, record = guarded(graph, {"compiled": gm}, ref, runs=5)   # doctest: +SKIP
@@ -40,7 +42,7 @@ def guarded(graph: Graph, candidates: dict[str, nn.Module], reference: nn.Module
     index = {"dense": 0, **{name: i + 1 for i, name in enumerate(names)}}
     by_index = lambda d: {index[n]: s for n, s in (d or {}).items() if n in index and s is not None}  # noqa: E731
     times = alternating_ms(graph, [graph.module, *candidates.values()], runs, settle=True, warm=by_index(warm),
-                           estimates=by_index(estimates))
+                           estimates=by_index(estimates), warm_exact=warm_exact)
     dense_ms, measured = times[0], dict(zip(names, times[1:]))
     best = min(names, key=measured.get)
     record = {"dense_ms": dense_ms, **{f"{n}_ms": t for n, t in measured.items()}}

@@ -65,7 +65,7 @@ def fuse_pairs(gm: fx.GraphModule, planned: list[OpPlan], compiled: dict[str, nn
             continue
         fused.label = f"{first.op}+{second.op}"
         with torch.inference_mode():
-            times = fastest_ms({"apart": nn.Sequential(a, b), "fused": fused}, op_inputs[first.op], runs)
+            times = fastest_ms({"apart": nn.Sequential(a, b), "fused": fused}, op_inputs[first.op], runs, settle=True)
         said = f"apart {times['apart']:.3f} ms, fused {times['fused']:.3f} ms"
         if not times["fused"] < times["apart"]:
             first.notes.append(f"fusion with {second.op!r} measured slower ({said}): kept apart")

@@ -24,12 +24,13 @@ MAX_ROUNDS = 300
 MIN_ROUNDS = 3
 CLEAR_MARGIN = 0.8  # the fastest under this share of every other module's median: more rounds cannot change the order
 WIDE_MARGIN = 0.5  # ... under half of every other: one round fewer suffices
+SURE_MARGIN = 1 / 3  # first calls doing the modules' own work this far apart: no round can change the winner
 OUT_OF_RACE = 1.5  # a module whose warm-up call took this many times the fastest warm-up is timed no further
 
 
 def alternating_ms(graph: Graph, modules: list[nn.Module], runs: int, settle: bool = False,
-                   warm: Mapping[int, float] | None = None, estimates: Mapping[int, float] | None = None
-                   ) -> list[float]:
+                   warm: Mapping[int, float] | None = None, estimates: Mapping[int, float] | None = None,
+                   warm_exact: bool = False) -> list[float]:
     """Median ms of each module called like `graph`'s model, calls alternating between them (after one warm-up each).
 
     At least `runs` rounds (3 at the least), more for fast models: up to a quarter second in all.
@@ -39,10 +40,11 @@ def alternating_ms(graph: Graph, modules: list[nn.Module], runs: int, settle: bo
     baseline, always is; the warm-up or estimate stands as their figure), and after `MIN_ROUNDS` rounds
     the timing stops once the fastest median is under `CLEAR_MARGIN` of every other one (one
     round sooner under `WIDE_MARGIN`, after one round when the first calls in `warm` were
-    already that far apart).
+    already that far apart; after none when `warm_exact` and they are `SURE_MARGIN` apart).
     `warm` (by index: seconds) are first calls made already (a compile's checks ran the model):
-    no warm-up for those. `estimates` (by index) stand in for a module's warm-up in that first
-    cut (a module computing what another already ran does); one still in the race is warmed up.
+    no warm-up for those; `warm_exact`: each did its module's own work (not a stand-in's).
+    `estimates` (by index) stand in for a module's warm-up in that first cut (a module
+    computing what another already ran does); one still in the race is warmed up.
 
     Example:
         >>> dense_ms, compiled_ms = alternating_ms(graph, [graph.module, gm], runs=5)   # doctest: +SKIP
@@ -67,6 +69,9 @@ def alternating_ms(graph: Graph, modules: list[nn.Module], runs: int, settle: bo
         # that agrees settles it (BERT-base: a dense call is a second, the compiled one a fifth of that)
         wide_first = settle and len(racing) > 1 and all(i in known for i in racing) and \
             _settled([known[i] for i in racing], WIDE_MARGIN)
+        # first calls of the modules' own work three times apart: a second of rounds (BERT-base) changes no winner
+        if wide_first and warm_exact and _settled([known[i] for i in racing], SURE_MARGIN):
+            runs = 0
         timed: dict[int, list[float]] = {i: [] for i in racing}
         for done in range(1, runs + 1):
             calls = interleaved_ms([modules[i] for i in racing], 1, tuple(graph.call_args), graph.call_kwargs)
@@ -76,7 +81,7 @@ def alternating_ms(graph: Graph, modules: list[nn.Module], runs: int, settle: bo
             if settle and (done >= MIN_ROUNDS and _settled(medians, CLEAR_MARGIN)
                            or done >= MIN_ROUNDS - 1 - wide_first and _settled(medians, WIDE_MARGIN)):
                 break
-    return [statistics.median(timed[i]) if i in timed else w * 1e3 for i, w in enumerate(warm_s)]
+    return [statistics.median(timed[i]) if timed.get(i) else w * 1e3 for i, w in enumerate(warm_s)]
 
 
 def _call_seconds(graph: Graph, module: nn.Module) -> float:

@@ -58,3 +58,16 @@ def test_first_calls_already_far_apart_settle_after_one_agreeing_round():
     near = Sleeper(0.012)  # first calls within WIDE_MARGIN of each other: the usual rounds
     timing.alternating_ms(fake_graph(), [dense, near], runs=20, settle=True, warm={0: 0.02, 1: 0.012})
     assert near.calls >= timing.MIN_ROUNDS - 1
+
+
+def test_exact_first_calls_four_times_apart_settle_without_a_call():
+    dense, fast = Sleeper(0.02), Sleeper(0.004)
+    ms = timing.alternating_ms(fake_graph(), [dense, fast], runs=20, settle=True, warm={0: 0.02, 1: 0.004},
+                               warm_exact=True)
+    assert dense.calls == fast.calls == 0 and ms == pytest.approx([20.0, 4.0])  # the first calls are the figures
+    near = Sleeper(0.008)  # 0.4 of dense's call, not a third: the agreeing round still runs
+    timing.alternating_ms(fake_graph(), [dense, near], runs=20, settle=True, warm={0: 0.02, 1: 0.008},
+                          warm_exact=True)
+    assert dense.calls == near.calls == 1
+    timing.alternating_ms(fake_graph(), [dense, fast], runs=20, settle=True, warm={0: 0.02, 1: 0.004})
+    assert fast.calls == 1  # a stand-in's first call (not exact): one agreeing round

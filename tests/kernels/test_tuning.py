@@ -1,10 +1,11 @@
 """Tile search: every candidate is correct, the winner is cached and reused."""
 
 import json
+import time
 
 import torch
 
-from sparta_explore.kernels import SparseLinear
+from sparta_explore.kernels import SparseLinear, tuning
 from sparta_explore.kernels.tuning import CANDIDATES, candidates, m_bucket, pattern_class, search
 
 from .test_sparse_linear import block_mask, check
@@ -55,3 +56,25 @@ def test_masks_drawn_alike_share_one_search_and_others_do_not(tmp_path):
     assert pattern_class(blocks.numpy(), 1) != pattern_class(first.numpy(), 1)
     search(w, None, blocks, block_rows=1, activation="none", m=64, cache_dir=tmp_path, repeats=1)
     assert len(list((tmp_path / "tuning").glob("*.json"))) == 2
+
+
+class _Sleeping:
+    """A stand-in layer whose `_run` sleeps: the search's timing logic without kernels."""
+
+    out_features = 1
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.calls = seconds, 0
+
+    def _run(self, x, y) -> None:
+        self.calls += 1
+        time.sleep(self.seconds)
+
+
+def test_far_tilings_stop_being_timed_and_close_ones_race_on():
+    fast, close, far = _Sleeping(0.001), _Sleeping(0.001), _Sleeping(0.006)
+    ms = tuning._time_interleaved({"fast": fast, "close": close, "far": far}, torch.zeros(1, 1), repeats=10)
+    assert ms["far"] > 2 * max(ms["fast"], ms["close"])
+    first_and_warm = 2  # `_time`'s warm-up call and its one timed call
+    assert far.calls == first_and_warm + tuning.DROP_AFTER  # dropped after the first rounds
+    assert fast.calls == close.calls > far.calls  # within KEEP_WITHIN: every round

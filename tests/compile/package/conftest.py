@@ -67,7 +67,7 @@ def int8_pair_model(cache_dir, device, monkeypatch):
     if 8 not in device.bits or not device.blocks:
         pytest.skip("no int8 kernels on this machine (needs AVX2 and a compiler)")
     monkeypatch.setattr("sparta_explore.compile.int8_pairs.fastest_ms",
-                        lambda fns, x, rounds: {name: 1.0 if name == "fused" else 2.0 for name in fns})
+                        lambda fns, x, rounds, settle=False: {name: 1.0 if name == "fused" else 2.0 for name in fns})
     torch.manual_seed(0)
     ffn = nn.Sequential(nn.Linear(64, 192), nn.GELU(), nn.Linear(192, 48)).eval()
     x = torch.randn(100, 64)
