@@ -89,16 +89,23 @@ def weighted_block_cover(kept: torch.Tensor, costs: Mapping[Block, float], *, ep
         raise ValueError(f"eps must be > 0, got {eps}")
     unit = float(costs[(1, 1)])
     uncovered = kept.clone()
+    left = int(kept.sum())  # uncovered elements, kept as a count: one `any()` a round was a third of a plan
     chosen: dict[Block, torch.Tensor] = {}  # shape -> bool tile grid of taken blocks
     parts_mask: dict[Block, torch.Tensor] = {}
     shapes = [b for b in costs if b != (1, 1)]
+    # per shape, the fullest tile when last counted: covering only ever lowers counts, so it bounds every later
+    # count, and a round whose threshold cannot take that tile takes nothing of this shape (no recount needed)
+    fullest = {b: b[0] * b[1] for b in shapes}
     # thresholds from the best conceivable ratio (a full block) up to the 1x1 cost
     best = min([costs[b] / (b[0] * b[1]) for b in shapes], default=unit)
     threshold = best * (1 + eps)
-    while shapes and threshold < unit * (1 + eps) and bool(uncovered.any()):
+    while shapes and threshold < unit * (1 + eps) and left:
         for b in sorted(shapes, key=lambda s: costs[s] / (s[0] * s[1])):
+            if costs[b] > fullest[b] * min(threshold, unit):
+                continue
             counts = tile_counts(uncovered, b)
-            if float(counts.max()) * unit < costs[b]:
+            fullest[b] = int(counts.max())
+            if fullest[b] * unit < costs[b]:
                 # no tile holds enough to beat single elements, and covering only ever lowers the counts:
                 # this shape can take nothing more (unstructured masks drop every shape in the first round)
                 shapes.remove(b)
@@ -110,9 +117,10 @@ def weighted_block_cover(kept: torch.Tensor, costs: Mapping[Block, float], *, ep
             chosen[b] = take if b not in chosen else chosen[b] | take
             parts_mask[b] = region if b not in parts_mask else parts_mask[b] | region
             uncovered &= ~region
+            left -= int(region.sum())
         threshold *= 1 + eps
     parts = [CoverPart(b, int(chosen[b].sum()), parts_mask[b]) for b in sorted(parts_mask, key=lambda s: -s[0] * s[1])]
-    if bool(uncovered.any()):
+    if left:
         parts.append(CoverPart((1, 1), int(uncovered.sum()), uncovered))
     cost = sum(p.n_blocks * float(costs[p.block]) for p in parts)
     return Cover(tuple(parts), cost)

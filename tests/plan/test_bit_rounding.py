@@ -29,3 +29,33 @@ def test_split_only_when_widths_differ_and_parts_partition_the_kept():
     assert split.grid == {8: 8, 32: 32}
     only_low = bit_options(torch.tensor([[4, 0, 3]], dtype=torch.uint8), (8, 32))
     assert [o.name for o in only_low] == ["uniform"] and only_low[0].grid == {8: 4}
+
+
+def _options_by_rounding_every_element(bits, widths):
+    """bit_options as first written (every element rounded, the kept ones' widths found by unique)."""
+    rounded, kept = round_bits(bits, widths), bits > 0
+    present = sorted({int(w) for w in rounded[kept].unique().tolist()}) if bool(kept.any()) else [max(widths)]
+    top = present[-1]
+    out = [("uniform", {top: kept}, {top: int(bits.max()) if bool(kept.any()) else top})]
+    if len(present) > 1:
+        parts = {w: rounded == w for w in present}
+        out.append(("split", parts, {w: int(bits[parts[w]].max()) for w in present}))
+    return out
+
+
+@pytest.mark.parametrize("widths", [(8, 32), (32,), (4, 8, 16, 32), (2, 8)])
+@pytest.mark.parametrize("seed", range(6))
+def test_options_equal_rounding_every_element(widths, seed):
+    g = torch.Generator().manual_seed(seed)
+    top = max(widths)
+    values = [v for v in (0, 1, 2, 3, 4, 7, 8, 9, 12, 16, 32) if v <= top]
+    pick = torch.randint(0, len(values), (30, 17), generator=g)
+    bits = torch.tensor(values, dtype=torch.uint8)[pick]
+    if seed % 3 == 0:
+        bits[bits > 0] = bits[bits > 0].max()  # one width only
+    if seed == 5:
+        bits.zero_()  # nothing kept
+    got = [(o.name, o.parts, o.grid) for o in bit_options(bits, widths)]
+    want = _options_by_rounding_every_element(bits, widths)
+    assert [(n, sorted(p), gr) for n, p, gr in got] == [(n, sorted(p), gr) for n, p, gr in want]
+    assert all(torch.equal(p[w], q[w]) for (_, p, _), (_, q, _) in zip(got, want) for w in p)

@@ -73,3 +73,43 @@ def test_tile_counts_equal_a_loop_over_tiles(shape, block):
     want = [[int(mask[i:i + h, j:j + w].sum()) for j in range(0, shape[1], w)] for i in range(0, shape[0], h)]
     assert tile_counts(mask, block).tolist() == want
     assert tile_counts(mask.float(), block).tolist() == want  # not only bool masks
+
+
+def _cover_recounting_every_round(kept, costs, eps=0.25):
+    """The greedy as first written: every shape recounted every round (the reference for the one that skips)."""
+    unit, uncovered, parts_mask = float(costs[(1, 1)]), kept.clone(), {}
+    shapes = [b for b in costs if b != (1, 1)]
+    threshold = min(costs[b] / (b[0] * b[1]) for b in shapes) * (1 + eps)
+    while shapes and threshold < unit * (1 + eps) and bool(uncovered.any()):
+        for b in sorted(shapes, key=lambda s: costs[s] / (s[0] * s[1])):
+            counts = tile_counts(uncovered, b)
+            if float(counts.max()) * unit < costs[b]:
+                shapes.remove(b)
+                continue
+            take = (counts > 0) & (costs[b] / counts.clamp(min=1) <= min(threshold, unit))
+            region = take.repeat_interleave(b[0], 0).repeat_interleave(b[1], 1)[:kept.shape[0], :kept.shape[1]]
+            region &= uncovered
+            parts_mask[b] = region if b not in parts_mask else parts_mask[b] | region
+            uncovered &= ~region
+        threshold *= 1 + eps
+    return {b: m for b, m in parts_mask.items() if bool(m.any())}, uncovered
+
+
+MANY = {(1, 1): 1.0, (1, 4): 2.5, (4, 1): 2.7, (1, 8): 4.0, (8, 8): 21.0, (1, 32): 9.0, (32, 32): 190.0}
+
+
+@pytest.mark.parametrize("costs", [COSTS, MANY])
+@pytest.mark.parametrize("seed", range(4))
+def test_skipping_recounts_takes_exactly_what_recounting_every_round_takes(costs, seed):
+    g = torch.Generator().manual_seed(seed)
+    masks = [torch.rand(96, 130, generator=g) < d for d in (0.1, 0.5, 0.9)]
+    masks.append(block_pattern(96, 130, (8, 8), 0.3, seed) | (torch.rand(96, 130, generator=g) < 0.05))
+    masks.append(block_pattern(96, 130, (1, 4), 0.4, seed) | block_pattern(96, 130, (32, 32), 0.2, seed + 9))
+    for kept in masks:
+        cover = weighted_block_cover(kept, costs)
+        want, left = _cover_recounting_every_round(kept, costs)
+        got = {p.block: p.mask for p in cover.parts if p.block != (1, 1)}
+        assert got.keys() == want.keys() and all(torch.equal(got[b], want[b]) for b in want)
+        ones = [p.mask for p in cover.parts if p.block == (1, 1)]
+        assert torch.equal(ones[0] if ones else torch.zeros_like(kept), left)
+        assert_partition(cover, kept)
