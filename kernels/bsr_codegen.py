@@ -24,7 +24,7 @@ from sparta_explore.activations import ACTIVATIONS
 from sparta_explore.kernels.c_templates import c_fill, c_text
 from sparta_explore.kernels.groups import R_MAX, Groups
 from sparta_explore.kernels.kernel_io import KernelIO
-from sparta_explore.kernels.panels import ONE_WORD, Panels, cut_panels, panel_rows
+from sparta_explore.kernels.panels import ONE_WORD, Panels, bucketed, cut_panels, panel_rows
 from sparta_explore.kernels.pattern_data import KernelSource, PatternTables
 
 V = 3  # vectors of M per register tile (default)
@@ -247,8 +247,9 @@ def fp32_source(vec: int, cfg: TileConfig, n_in: int, n_out: int, specialized: s
 def shape_tables(io: KernelIO, as_data: bool, n_in: int, n_out: int) -> PatternTables:
     """The shape's tables: for a linear's kernel with its pattern as data, K_IN and N_OUT are fields too, so one
     library per tiling serves every shape (the 24 shapes a shrink pass leaves in BERT-base, and every class of a
-    tile search); else none. The panel count stays a literal (1 unless `TileConfig.panel`): read at run time, its
-    loop cost 3% at K = 3072, M = 1024, where K_IN and N_OUT as fields measured within noise."""
+    tile search); else none. The panel count stays a literal (1 unless `TileConfig.panel`; bucketed, see
+    `panels.bucketed`): read at run time, its loop cost 3% at K = 3072, M = 1024, where K_IN and N_OUT as fields
+    measured within noise."""
     if not (as_data and io == ROWS_IO):  # a convolution's geometry is baked whatever its pattern
         return PatternTables()
     return PatternTables().scalar("K_IN", n_in).scalar("N_OUT", n_out)
@@ -269,10 +270,12 @@ def pattern_tables(groups: Groups, n_out: int, act: str) -> tuple[PatternTables,
     return tables, g0
 
 
-def entry_tables(panels: Panels) -> PatternTables:
-    """The tables of panel entries (E_*; kernels/panels.py); the pieces' tables are the caller's."""
+def entry_tables(panels: Panels, e_ptr: np.ndarray | None = None) -> PatternTables:
+    """The tables of panel entries (E_*; kernels/panels.py; `e_ptr` in place of the panels' own, e.g. `bucketed`);
+    the pieces' tables are the caller's."""
     return (PatternTables().array("E_G", panels.e_group).array("E_P0", panels.e_piece0).array("E_P1", panels.e_piece1)
-            .array("E_WOFF", panels.e_woff).array("E_FLAGS", panels.e_flags).array("E_PTR", panels.e_ptr))
+            .array("E_WOFF", panels.e_woff).array("E_FLAGS", panels.e_flags)
+            .array("E_PTR", panels.e_ptr if e_ptr is None else e_ptr))
 
 
 def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, name: str,
@@ -292,7 +295,10 @@ def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, n
     if io.one_word and int(panels.p_len.max(initial=1)) > 1:
         raise ValueError("this kernel I/O reads one k per piece: give it one-word segments (unit_segments)")
     p_x = io.offsets(panels.p_k0, cfg.tile_vectors * vec)
-    tables += entry_tables(panels).array("P_X", p_x).array("P_LEN", panels.p_len)
+    # with the pattern as data, the panel loop's literal count is bucketed: one library serves every K of a bucket
+    e_ptr, n_panels = bucketed(panels.e_ptr, panels.count, len(chunk_g0) + 1) if as_data else \
+        (panels.e_ptr, panels.count)
+    tables += entry_tables(panels, e_ptr).array("P_X", p_x).array("P_LEN", panels.p_len)
     dispatch = "\n".join(
         f"{' ' * 24}case {r}: " + " ".join(f"tile{r}(xt, yb, {j} * {cfg.vectors_for(r)} * VEC, e, W, bias, P);"
                                          for j in range(cfg.tile_vectors // cfg.vectors_for(r))) + " break;"
@@ -300,7 +306,7 @@ def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, n
     tiles = "".join(_tile_function(r, act, cfg.vectors_for(r)) for r in range(1, cfg.rows + 1))
     shape = shape_tables(io, as_data, n_in, n_out)
     tables = shape + tables
-    body = entry_loop(panels.count, dispatch, finish_tile(act))
+    body = entry_loop(n_panels, dispatch, finish_tile(act))
     text = fp32_source(vec, cfg, n_in, n_out, tables.c(as_data) + tiles, fp32_driver(name, body), io=io,
                        shape_in_tables=bool(shape.scalars))
     return KernelSource(text, tables, as_data)

@@ -30,6 +30,7 @@ from sparta_explore.kernels.bsr_codegen import (
     shape_tables,
 )
 from sparta_explore.kernels.groups import runs
+from sparta_explore.kernels.panels import bucketed
 from sparta_explore.kernels.pattern_data import KernelSource, PatternTables
 
 
@@ -199,14 +200,16 @@ def generate_segment_source(plan: SegmentPlan, n_out: int, n_in: int, vec: int, 
         raise ValueError("the segment layout reads runs of k: it cannot run a one-k-per-piece kernel I/O")
     if plan.max_rows > cfg.rows:
         raise ValueError(f"plan has {plan.max_rows} rows per entry, the tile {cfg.rows}")
+    n_panels = len(plan.e_ptr) // len(plan.chunk_n)
+    # with the pattern as data, the panel loop's literal count is bucketed: one library serves every K of a bucket
+    e_ptr, n_panels = bucketed(plan.e_ptr, n_panels, len(plan.chunk_n)) if as_data else (plan.e_ptr, n_panels)
     tables = (PatternTables().scalar("N_CHUNKS", len(plan.chunk_n) - 1).array("C_N", plan.chunk_n)
-              .array("E_PTR", plan.e_ptr).array("E_ROWS", plan.e_rows.reshape(-1)).array("E_NR", plan.e_nrows)
+              .array("E_PTR", e_ptr).array("E_ROWS", plan.e_rows.reshape(-1)).array("E_NR", plan.e_nrows)
               .array("E_PIECE", plan.e_piece).array("P_K0", plan.p_k0).array("P_LEN", plan.p_len)
               .array("E_WOFF", plan.e_woff))
     calls = {r: " ".join(f"stile{r}(xt, yb, {j} * {cfg.vectors_for(r)} * VEC, e, W, P);"
                          for j in range(cfg.tile_vectors // cfg.vectors_for(r))) for r in range(1, plan.max_rows + 1)}
     dispatch = "\n".join(f"                            case {r}: {call} break;" for r, call in calls.items())
-    n_panels = len(plan.e_ptr) // len(plan.chunk_n)
     shape = shape_tables(io, as_data, n_in, n_out)
     tables = shape + tables
     act_rows = "" if act == "none" else f"""

@@ -92,12 +92,13 @@ def test_masks_of_one_shape_class_share_a_library_and_copies_repoint_their_table
         check(layer, 9, 96)
 
 
-@pytest.mark.parametrize("tile", TILES[:2], ids=lambda t: t.layout)
+@pytest.mark.parametrize("tile", TILES, ids=lambda t: f"{t.layout}{'-panel' if t.panel else ''}")
 def test_linears_of_every_shape_share_one_library_per_tiling(tmp_path, tile):
-    """K_IN and N_OUT are pattern fields: a shrunk layer (3072 -> 2749 rows) builds nothing new."""
+    """K_IN and N_OUT are pattern fields and panel loops run a bucket of panels (empty ones padded): a shrunk layer
+    (3072 -> 2749 rows or columns) builds nothing new."""
     layers = []
-    # ragged; all K > N (the segment layout has a loop order per side of K = N)
-    for seed, (n, k) in enumerate([(64, 96), (61, 96), (64, 77), (40, 70)]):
+    # ragged; all K > N (the segment layout has a loop order per side of K = N); 2 to 10 panels of K
+    for seed, (n, k) in enumerate([(64, 96), (61, 150), (64, 77), (40, 300)]):
         g = torch.Generator().manual_seed(seed)
         w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
         layers.append(SparseLinear(w, b, torch.rand(n, k, generator=g) < 0.3, tile=tile, cache_dir=tmp_path))
