@@ -3,7 +3,9 @@
 * **ops**: the compiled model against the same graph with every compiled op running its
   PyTorch reference (for fp32 kernels: the passes' model before kernels, which computes the
   same, its outputs from the run that recorded the ops' inputs). A failure means a kernel
-  bug: every op then runs its reference.
+  bug: every op then runs its reference. Where that reference graph would be a model run of
+  its own (quantized ops), it runs only when a table check fails; until then its row reads
+  NaN: the table checks already compare the compiled model with the user's.
 * **table**: against the model masked with the table it was given (weights on their
   grids where the table asks for <= 8 bits; `table_reference`), i.e. the captured graph
   before any graph pass: passes and kernels together are checked against the user's model.
@@ -133,8 +135,15 @@ def verified_module(graph: Graph, gm: fx.GraphModule, execution: ExecutionPlan, 
 
     `ops_reference`: a module computing what `gm` with every compiled op running its reference computes
     (fp32: the passes' model before kernels), its outputs in `outputs` already; default: that graph, built
-    and run here."""
+    and run here, only where a table check fails (it then tells a kernel bug from a pass bug). Until then the
+    ops row says it did not run (error NaN): the table checks compare `gm` with the user's model itself, and the
+    reference graph of quantized ops was a model run of its own (BERT-base w8a8: 1.3 s).
+    """
     outputs = outputs or ModelOutputs(graph)
+    if ops_reference is None and verify and references:
+        rows = [check_row(name, outputs.error(gm, ref), tol) for name, ref in references]
+        if all(row["passed"] for row in rows):
+            return gm, [{**check_row("ops", float("nan"), tol), "passed": True}] + rows
     reference = ops_reference if ops_reference is not None else reference_module(gm, compiled)
     outputs.of(reference, label="ops reference")  # the passes' model at dense speed: the guard's estimate of it
     ops_error = outputs.error(gm, reference)

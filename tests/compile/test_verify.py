@@ -1,8 +1,14 @@
 """The checks' bookkeeping: a module's outputs computed once, or taken from a run made already; an fp32 compile's
-ops check reuses the run that recorded the ops' inputs, and an input table saying what the table says is not run."""
+ops check reuses the run that recorded the ops' inputs, a quantized one's runs only to explain a failed table check,
+and an input table saying what the table says is not run."""
 
+import warnings
+from types import SimpleNamespace
+
+import numpy as np
 import pytest
 import torch
+import torch.fx as fx
 from plan.test_planner import Net
 from torch import nn
 
@@ -53,10 +59,12 @@ def test_fp32_compile_checks_its_ops_on_the_recorded_run_and_int8_builds_the_ref
     q = dict(table) | {first: se.TeSA.dense(tuple(model.get_parameter(first).shape), bits=8),
                        g.inputs[0]: se.TeSA.dense((1, 64), bits=8)}
     cm = compile(g, q, device=device, cache_dir=cache_dir, tune=False, runs=1)
+    assert not built  # quantized: the reference graph runs only to explain a failed table check
+    checks = cm.checks.set_index("check")
+    assert bool(checks["passed"].all()) and cm.max_error == checks.loc["table", "error"]
     if any(op.candidate(op.chosen).parts[0].kernel == "int8" for op in cm.plan.ops.values()
            if op.chosen not in (None, "original")):
-        assert built  # quantized references round: the reference graph itself runs
-    assert bool(cm.checks["passed"].all())
+        assert np.isnan(checks.loc["ops", "error"])  # not run: the table check compared with the user's model
 
 
 def test_an_input_table_saying_what_the_table_says_is_checked_without_another_run(device, cache_dir, monkeypatch):
@@ -72,3 +80,46 @@ def test_an_input_table_saying_what_the_table_says_is_checked_without_another_ru
     assert {"table", "input table"} <= set(checks.index) and bool(checks["passed"].all())
     assert not built  # propagation pruned no weight further here: the tables say one model, built and run once
     assert checks.loc["input table", "error"] == checks.loc["table", "error"]
+
+
+class _Wrong(nn.Module):
+    """A 'kernel' off by `off` whose reference is right: a kernel bug the checks must catch."""
+
+    def __init__(self, linear: nn.Linear, off: float) -> None:
+        super().__init__()
+        self.linear, self.off = linear, off
+
+    def forward(self, x):
+        return self.linear(x) + self.off
+
+    def reference(self, x):
+        return self.linear(x)
+
+
+class _KernelsAsLeaves(fx.Tracer):
+    def is_leaf_module(self, m, qualname):
+        return isinstance(m, _Wrong) or super().is_leaf_module(m, qualname)
+
+
+@pytest.mark.parametrize("off", [0.0, 1.0])
+def test_without_an_ops_reference_the_reference_graph_runs_only_to_explain_a_failed_table_check(off, monkeypatch):
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(8, 4)), torch.randn(5, 8)
+    graph = se.capture(model, (x,))
+    root = nn.Sequential(_Wrong(model[0], off))
+    gm = fx.GraphModule(root, _KernelsAsLeaves().trace(root))
+    built = []
+    real = verify.reference_module
+    monkeypatch.setattr(verify, "reference_module", lambda gm, compiled: built.append(1) or real(gm, compiled))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run, rows = verify.verified_module(graph, gm, SimpleNamespace(ops={}), {"0": gm.get_submodule("0")},
+                                           [("table", graph.module)], 1e-3, verify=True)
+    checks = {r["check"]: r for r in rows}
+    if off == 0:
+        assert run is gm and not built and np.isnan(checks["ops"]["error"]) and checks["table"]["passed"]
+        assert not caught
+    else:  # the kernel is wrong, its reference right: the reference ops run, and the rows say which check failed
+        assert built and run is not gm and checks["ops"]["error"] > 1e-3 and not checks["ops"]["passed"]
+        assert checks["table"]["passed"] and torch.allclose(run(x), model(x))
+        assert any("reference ops" in str(w.message) for w in caught)

@@ -19,7 +19,8 @@
   after propagation; mean_bits: mean bit width of the kept weights;
 * peak_memory_mb, weight_bytes (compiled module), dense_weight_bytes, compressed_weight_bytes
   (kept weights at their bits, no index overhead);
-* max_error (compiled vs its reference ops, from compile), kernel_choices ("op:choice;..."),
+* max_error (compiled vs its reference ops, or vs the table where compile did not run that check),
+  kernel_choices ("op:choice;..."),
   fallbacks (ops where compile rejected a kernel or left the op as is; see compile_report notes);
 * runs, threads; machine, cpu_model, cpu_flags (`sparta_explore.machine`: where it was measured);
 * compile_s, wall_s, score (`objectives.score` for params.objective / target);
