@@ -19,11 +19,13 @@ compile's own guard.
     python benchmarks/compile_time.py                    # ~10 min on 2 cores
     python benchmarks/compile_time.py --only small       # the small models
     python benchmarks/compile_time.py --layers 2 --only bert
+    python benchmarks/compile_time.py --case 32x32-w8a8    # one BERT case (each runs in a process of its own)
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import tempfile
 import time
@@ -80,22 +82,38 @@ def row(label: str, case: str, seconds: float, cm) -> None:
     print(f"{label:<34} {case:<12} {seconds:7.1f} s  {speed:<13} {times_text(cm.compile_times)}", flush=True)
 
 
-def bert_rows(layers: int, device) -> None:
+BERT_CASES = {f"{pattern}-{precision}": (block, bits)
+              for block, pattern in (((1, 1), "unstructured"), ((32, 32), "32x32"))
+              for bits, precision in ((32, "fp32"), (8, "w8a8"))}
+
+
+def bert_case(case: str, layers: int, device) -> None:
+    """The three compiles of one BERT case (empty cache, new masks, same masks) in this process."""
+    block, bits = BERT_CASES[case]
+    pattern, precision = case.split("-")
+    label = f"BERT-base {layers}L 90% {pattern} {precision}"
     x = inputs(8, 128)
-    for block, pattern in (((1, 1), "unstructured"), ((32, 32), "32x32")):
-        for bits, precision in ((32, "fp32"), (8, "w8a8")):
-            label = f"BERT-base {layers}L 90% {pattern} {precision}"
-            with tempfile.TemporaryDirectory() as tmp:
-                cache = Path(tmp)
-                model = bert(layers)
-                names = encoder_linears(model)
-                seconds, cm = timed_compile(model, x, names, block, bits, device, cache)
-                row(label, "empty cache", seconds, cm)
-                model = perturbed(bert(layers), seed=1)
-                seconds, cm = timed_compile(model, x, names, block, bits, device, cache)
-                row(label, "new masks", seconds, cm)
-                seconds, cm = timed_compile(model, x, names, block, bits, device, cache)
-                row(label, "same masks", seconds, cm)
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = Path(tmp)
+        model = bert(layers)
+        names = encoder_linears(model)
+        seconds, cm = timed_compile(model, x, names, block, bits, device, cache)
+        row(label, "empty cache", seconds, cm)
+        del cm, model
+        model = perturbed(bert(layers), seed=1)
+        seconds, cm = timed_compile(model, x, names, block, bits, device, cache)
+        row(label, "new masks", seconds, cm)
+        del cm
+        seconds, cm = timed_compile(model, x, names, block, bits, device, cache)
+        row(label, "same masks", seconds, cm)
+
+
+def bert_rows(layers: int, threads: int) -> None:
+    """Each case in a process of its own: the freed memory of one (glibc keeps gigabytes of a BERT-base compile's
+    copies mapped) slowed the model runs of the next by up to 1.6x in one long process."""
+    for case in BERT_CASES:
+        subprocess.run([sys.executable, __file__, "--case", case, "--layers", str(layers), "--threads", str(threads)],
+                       check=True)
 
 
 def small_models() -> list[tuple[str, nn.Module, object, tuple[str, ...]]]:
@@ -135,15 +153,19 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--only", choices=("bert", "small"), default=None)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--case", choices=tuple(BERT_CASES), default=None, help="one BERT case, in this process")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     device = DeviceProfile.load_or_measure()
+    if args.case is not None:
+        bert_case(args.case, args.layers, device)
+        return
     print(f"threads {args.threads}; device profile {device.key if hasattr(device, 'key') else 'measured'}; "
-          "columns: model, case, compile seconds, x dense (compile's guard), breakdown")
+          "columns: model, case, compile seconds, x dense (compile's guard), breakdown", flush=True)
     if args.only in (None, "small"):
         small_rows(device)
     if args.only in (None, "bert"):
-        bert_rows(args.layers, device)
+        bert_rows(args.layers, args.threads)
 
 
 if __name__ == "__main__":
