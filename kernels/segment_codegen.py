@@ -104,8 +104,25 @@ def row_chunks(kept: np.ndarray, chunks: int = CHUNKS) -> np.ndarray:
     return np.asarray(bounds, dtype=np.int64)
 
 
+def _panel_keys(kept: np.ndarray, panel: int) -> tuple[np.ndarray, np.ndarray]:
+    """(bits, keys): `kept` padded to whole panels as (rows, panels, panel) bools, and each (row, panel)'s bits as
+    one unsigned integer that orders like the bytes `np.packbits` makes of them (big-endian)."""
+    n, k = kept.shape
+    width = -(-k // panel) * panel
+    bits = np.zeros((n, width), dtype=bool)
+    bits[:, :k] = kept
+    bits = bits.reshape(n, width // panel, panel)
+    packed = np.ascontiguousarray(np.packbits(bits, axis=2))
+    keys = packed.view(np.dtype(f">u{packed.shape[2]}")).reshape(n, width // panel).astype(np.uint64)
+    return bits, keys
+
+
 def plan_segments(kept: np.ndarray, max_rows: int, panel: int | None = None) -> SegmentPlan:
     """Bucket every chunk's rows per panel by their kept k's there; cut buckets into entries.
+
+    Array code over every (row, panel) at once: entries sort by panel, chunk, the panel's
+    bit pattern (as bytes) and row, so a bucket's rows are consecutive and in row order; a
+    Python loop per panel and chunk was most of a BERT-base 32x32 layer's kernel build.
 
     Example:
         >>> kept = np.zeros((4, 64), dtype=bool); kept[[0, 2], :32] = True; kept[1, 32:] = True
@@ -113,49 +130,63 @@ def plan_segments(kept: np.ndarray, max_rows: int, panel: int | None = None) -> 
         >>> p.e_nrows.tolist(), p.p_k0.tolist()
         ([2, 1], [0, 32])
     """
-    panel = panel or panel_width(kept)
+    if panel is None:
+        panel = panel_width(kept)
+    if panel not in (32, 64):
+        raise ValueError(f"segment panels are 32 or 64 k wide, got {panel}")
     chunk_n = row_chunks(kept)
-    rows, nrows, piece, k0s, lens, woff, e_ptr = [], [], [0], [], [], [], []
-    offset = 0
-    for p0 in range(0, kept.shape[1], panel):
-        for c in range(len(chunk_n) - 1):
-            e_ptr.append(len(nrows))
-            n0, n1 = int(chunk_n[c]), int(chunk_n[c + 1])
-            sub = kept[n0:n1, p0:p0 + panel]
-            live = np.flatnonzero(sub.any(axis=1))
-            if not len(live):
-                continue
-            _, first, inverse = np.unique(np.packbits(sub[live], axis=1), axis=0, return_index=True,
-                                          return_inverse=True)
-            for b in range(len(first)):
-                members = (live[inverse.reshape(-1) == b] + n0).tolist()
-                segs = _segments(sub[live[first[b]]])
-                for g0 in range(0, len(members), max_rows):
-                    group = members[g0:g0 + max_rows]
-                    rows.append(group + [group[0]] * (max_rows - len(group)))
-                    nrows.append(len(group))
-                    woff.append(offset)
-                    for k0, length in segs:
-                        k0s.append(p0 + k0)
-                        lens.append(length)
-                        offset += length * len(group)
-                    piece.append(len(k0s))
-        e_ptr.append(len(nrows))
+    chunks = len(chunk_n) - 1
+    bits, keys = _panel_keys(kept, panel)
+    n_panels = bits.shape[1]
+    row, pan = np.nonzero(keys)  # live (row, panel) pairs
+    chunk = np.searchsorted(chunk_n, row, side="right") - 1
+    key = keys[row, pan]
+    order = np.lexsort((row, key, chunk, pan))
+    row, pan, chunk, key = row[order], pan[order], chunk[order], key[order]
+    # buckets: runs of one (panel, chunk, pattern); entries: a bucket cut every max_rows rows
+    new_bucket = np.ones(len(row), dtype=bool)
+    new_bucket[1:] = (pan[1:] != pan[:-1]) | (chunk[1:] != chunk[:-1]) | (key[1:] != key[:-1])
+    bucket_start = np.maximum.accumulate(np.where(new_bucket, np.arange(len(row)), 0))
+    first = (np.arange(len(row)) - bucket_start) % max_rows == 0
+    starts = np.flatnonzero(first)
+    nrows = np.diff(np.append(starts, len(row)))
+    slot = np.arange(max_rows)[None, :]
+    e_rows = row[starts[:, None] + np.where(slot < nrows[:, None], slot, 0)]  # short entries repeat their first row
+    e_pan, e_chunk = pan[starts], chunk[starts]
+    e_ptr = np.searchsorted(e_pan * chunks + e_chunk, np.arange(n_panels * (chunks + 1)) // (chunks + 1) * chunks
+                            + np.arange(n_panels * (chunks + 1)) % (chunks + 1))
+    # pieces: the runs of each entry's panel pattern (its first row's bits there)
+    owner, k0, length = runs(bits[e_rows[:, 0], e_pan]) if len(starts) else (np.zeros(0, np.int64),) * 3
+    e_piece = np.zeros(len(starts) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(owner, minlength=len(starts)), out=e_piece[1:])
+    span = np.bincount(owner, weights=length, minlength=len(starts)).astype(np.int64)
+    e_woff = np.zeros(len(starts), dtype=np.int64)
+    np.cumsum((span * nrows)[:-1], out=e_woff[1:])
     as_i = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
-    return SegmentPlan(panel, max_rows, chunk_n, as_i(e_ptr), as_i(rows).reshape(-1, max_rows), as_i(nrows),
-                       as_i(piece), as_i(k0s), as_i(lens), as_i(woff))
+    return SegmentPlan(panel, max_rows, chunk_n, as_i(e_ptr), as_i(e_rows).reshape(-1, max_rows), as_i(nrows),
+                       e_piece, as_i(e_pan[owner] * panel + k0), as_i(length), e_woff)
 
 
 def pack_segment_weights(weight: np.ndarray, kept: np.ndarray, plan: SegmentPlan) -> np.ndarray:
-    """Kept weights in kernel order: per entry, per piece, per k, the entry's rows."""
-    w = np.where(kept, weight, 0.0).astype(np.float32)
-    parts = []
-    for e in range(len(plan.e_nrows)):
-        rows = plan.e_rows[e, :plan.e_nrows[e]]
-        for p in range(int(plan.e_piece[e]), int(plan.e_piece[e + 1])):
-            k0, length = int(plan.p_k0[p]), int(plan.p_len[p])
-            parts.append(w[rows, k0:k0 + length].T.reshape(-1))
-    return np.concatenate(parts) if parts else np.zeros(1, dtype=np.float32)
+    """Kept weights in kernel order: per entry, per piece, per k, the entry's rows.
+
+    Example:
+        >>> kept = np.ones((2, 32), dtype=bool)
+        >>> pack_segment_weights(np.arange(64.0).reshape(2, 32), kept, plan_segments(kept, 2))[:4].tolist()
+        [0.0, 32.0, 1.0, 33.0]
+    """
+    if not len(plan.e_nrows):
+        return np.zeros(1, dtype=np.float32)
+    # every k of every piece, with its entry; then every row of the entry for each
+    piece_owner = np.repeat(np.arange(len(plan.e_nrows)), np.diff(plan.e_piece))
+    k_piece = np.repeat(np.arange(len(plan.p_len)), plan.p_len)
+    k = plan.p_k0[k_piece] + np.arange(len(k_piece)) - np.repeat(np.cumsum(plan.p_len) - plan.p_len, plan.p_len)
+    k_entry = piece_owner[k_piece]
+    reps = plan.e_nrows[k_entry]
+    slot_k = np.repeat(k, reps)
+    slot_i = np.arange(len(slot_k)) - np.repeat(np.cumsum(reps) - reps, reps)
+    slot_row = plan.e_rows[np.repeat(k_entry, reps), slot_i]
+    return np.where(kept[slot_row, slot_k], weight[slot_row, slot_k], 0.0).astype(np.float32)
 
 
 def _tile_function(r: int, v: int) -> str:

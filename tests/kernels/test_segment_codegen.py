@@ -128,3 +128,59 @@ def test_sharing_equals_a_loop_over_panels(shape, density, panel):
     if shape[0] > 8:
         kept[: shape[0] // 2] = kept[0]  # rows that share every panel's pattern
     assert sharing(kept, panel) == _loop_sharing(kept, panel)
+
+
+def _plan_by_loops(kept, max_rows, panel):
+    """plan_segments as first written, a loop per panel and chunk (the reference for the array code)."""
+    from sparta_explore.kernels.groups import runs
+
+    chunk_n = row_chunks(kept)
+    rows, nrows, piece, k0s, lens, woff, e_ptr, offset = [], [], [0], [], [], [], [], 0
+    for p0 in range(0, kept.shape[1], panel):
+        for c in range(len(chunk_n) - 1):
+            e_ptr.append(len(nrows))
+            n0, n1 = int(chunk_n[c]), int(chunk_n[c + 1])
+            sub = kept[n0:n1, p0:p0 + panel]
+            live = np.flatnonzero(sub.any(axis=1))
+            if not len(live):
+                continue
+            _, first, inverse = np.unique(np.packbits(sub[live], axis=1), axis=0, return_index=True,
+                                          return_inverse=True)
+            for b in range(len(first)):
+                members = (live[inverse.reshape(-1) == b] + n0).tolist()
+                _, starts, lengths = runs(sub[live[first[b]]][None, :])
+                for g0 in range(0, len(members), max_rows):
+                    group = members[g0:g0 + max_rows]
+                    rows.append(group + [group[0]] * (max_rows - len(group)))
+                    nrows.append(len(group))
+                    woff.append(offset)
+                    for k0, length in zip(starts.tolist(), lengths.tolist()):
+                        k0s.append(p0 + k0)
+                        lens.append(length)
+                        offset += length * len(group)
+                    piece.append(len(k0s))
+        e_ptr.append(len(nrows))
+    return {"e_ptr": e_ptr, "e_rows": np.asarray(rows).reshape(-1, max_rows), "e_nrows": nrows, "e_piece": piece,
+            "p_k0": k0s, "p_len": lens, "e_woff": woff}
+
+
+@pytest.mark.parametrize("shape", [(70, 45), (300, 200), (8, 32), (5, 3), (0, 64)])
+@pytest.mark.parametrize("block, density", [((1, 1), 0.1), ((32, 32), 0.3), ((1, 32), 0.3), ((4, 4), 0.0),
+                                            ((2, 8), 0.5), ((64, 64), 0.5)])
+@pytest.mark.parametrize("max_rows", [1, 2, 6])
+def test_array_plan_equals_the_loop_per_panel_and_chunk(shape, block, density, max_rows):
+    kept = block_mask(*shape, block, density).numpy() if shape[0] else np.zeros(shape, dtype=bool)
+    for panel in (32, 64):
+        plan, want = plan_segments(kept, max_rows, panel), _plan_by_loops(kept, max_rows, panel)
+        for field, value in want.items():
+            assert np.array_equal(np.asarray(getattr(plan, field)).reshape(np.asarray(value).shape), value), field
+        weight = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        packed = pack_segment_weights(weight, kept, plan)
+        rows, ks = [], []  # the loop's packing order: per entry, per piece, per k, the entry's rows
+        for e in range(len(plan.e_nrows)):
+            for p in range(int(plan.e_piece[e]), int(plan.e_piece[e + 1])):
+                for k in range(int(plan.p_k0[p]), int(plan.p_k0[p] + plan.p_len[p])):
+                    rows += plan.e_rows[e, :plan.e_nrows[e]].tolist()
+                    ks += [k] * int(plan.e_nrows[e])
+        want_packed = np.where(kept[rows, ks], weight[rows, ks], 0) if rows else np.zeros(1)
+        assert np.array_equal(packed, want_packed.astype(np.float32))
