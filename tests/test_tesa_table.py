@@ -143,3 +143,15 @@ def test_fuzzed_files_load_or_fail_with_the_one_error(tmp_path, data):
         assert "fuzzed.npz" in str(e)
     else:  # a mutation the zip format does not check (padding, a comment) may leave a valid table
         assert set(table) <= set(SHAPES)
+
+
+def test_lookups_that_miss_suggest_nothing_and_indexing_still_suggests(monkeypatch):
+    import difflib
+
+    table = TeSATable({"fc1.weight": TeSA.dense((4, 3))})
+    monkeypatch.setattr(difflib, "get_close_matches", lambda *a, **k: (_ for _ in ()).throw(AssertionError("asked")))
+    assert table.get("fc2.weight") is None and "fc2.weight" not in table and "fc1.weight" in table
+    assert table.get("fc1.weight") is table["fc1.weight"]
+    monkeypatch.undo()
+    with pytest.raises(TeSANameError, match="did you mean 'fc1.weight'"):
+        table["fc1.weigth"]
