@@ -83,7 +83,11 @@ def sharing(kept: np.ndarray, panel: int | None = None) -> float:
     bits[:, :k] = kept
     packed = np.packbits(bits.reshape(n, width // panel, panel), axis=2)  # (rows, panels, panel / 8 bytes)
     # one key per (row, panel): the panel's bits as bytes; rows per distinct non-zero key, all panels at once
-    keys = np.ascontiguousarray(packed).view(np.dtype((np.void, packed.shape[2]))).reshape(n, -1)
+    # (as one unsigned integer where the bytes make one: sorting those was 10x faster than bytes, a third of a
+    # second of planning BERT-base)
+    size = packed.shape[2]
+    dtype = np.dtype(f"u{size}") if size in (1, 2, 4, 8) else np.dtype((np.void, size))
+    keys = np.ascontiguousarray(packed).view(dtype).reshape(n, width // panel)
     keys = np.sort(keys, axis=0)
     live = keys != np.zeros(1, dtype=keys.dtype)
     pairs = int(live.sum())
