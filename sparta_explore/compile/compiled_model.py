@@ -111,15 +111,19 @@ class CompiledModel(nn.Module):
     @property
     def max_error(self) -> float:
         """Relative error against the graph with each compiled op running its reference; where that check did not run
-        (quantized ops whose model passed the table checks: see `compile/verify.py`), against the table."""
-        checks = self.checks.set_index("check")
-        ops = float(checks.loc["ops", "error"])
-        return float(checks.loc["table", "error"]) if math.isnan(ops) and "table" in checks.index else ops
+        (quantized ops whose model passed the table checks: see `compile/verify.py`), `table_error`."""
+        ops = float(self.checks.set_index("check").loc["ops", "error"])
+        return self.table_error if math.isnan(ops) else ops
 
     @property
     def table_error(self) -> float:
-        """Relative error against the model masked with the table (weights on their grids)."""
-        return float(self.checks.set_index("check").loc["table", "error"])
+        """Relative error against the model masked with the table (weights on their grids); where that check did not
+        run (propagation pruned further, and the model matched the input table: see `compile/verify.py`), against
+        the input table."""
+        checks = self.checks.set_index("check")
+        error = float(checks.loc["table", "error"])
+        return float(checks.loc["input table", "error"]) if math.isnan(error) and "input table" in checks.index \
+            else error
 
     @property
     def report(self) -> pd.DataFrame:

@@ -17,7 +17,9 @@ Steps, each a named part of this package:
    (`int8_pairs.py`), then the adds / scales / activation after every op fused into its
    output stage (`epilogue.py`);
 6. **checks** (`verify.py`): against the reference ops, the table (the captured graph,
-   before any pass) and the input table; a failed check runs the trusted reference;
+   before any pass) and the input table; where propagation pruned further, against the
+   input table (the pruner's own), the table checked only to explain a failure; a failed
+   check runs that masked reference;
 7. **guard** (`guard.py`): the whole compiled model timed against the dense model (and, for
    an fp32 table, against the passes' model without kernels, which computes the same);
    the fastest runs, or the masked reference when even that is slower than dense.
@@ -225,17 +227,19 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
         module.recompile()
     tol = tolerance([execution.ops[name] for name in compiled])
     t0 = time.perf_counter()
-    references = [("table", trusted)]
+    references, explain = [("table", trusted)], []
     outputs = ModelOutputs(graph)
-    if input_table is not None:  # where propagation changed no weight the example reads: one model, one run
-        started = trusted if same_references(graph, table, input_table) else table_reference(graph, input_table)[0]
-        references.append(("input table", started))
+    if input_table is not None and same_references(graph, table, input_table):
+        references.append(("input table", trusted))  # propagation changed no weight the example reads: one run
+    elif input_table is not None:  # the pruner's own table is what must match; the one compile used only explains
+        references, explain = [("input table", table_reference(graph, input_table)[0])], references
     ops_reference = None
     if tol == TOLERANCE[FP32]:  # fp32 kernels' references compute what the ops did when inputs were recorded
         ops_reference = before_kernels
         outputs.given(before_kernels, recorded.output, recorded.seconds)
     run, rows = verified_module(graph, gm, execution, compiled, references, tol, config.verify, outputs,
-                                ops_reference)
+                                ops_reference, explain)
+    checked = references[0][1]  # the masked model the checks ran (fp32: a dense call's work)
     if unread and execution.ops:
         next(iter(execution.ops.values())).notes.append(
             f"{len(unread)} table entries name parameters the forward never reads: skipped ({unread[0]}, ...)")
@@ -246,37 +250,37 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
         candidates = {"compiled": gm}
         # first calls made by the checks, and what the others would take (they compute what a checked model did)
         # the dense model ran at capture (no first-call effects left): the masked one's call, same work, stands in
-        warm, estimates = {"compiled": outputs.seconds(gm), "dense": outputs.seconds(trusted)}, {}
+        warm, estimates = {"compiled": outputs.seconds(gm), "dense": outputs.seconds(checked)}, {}
         if tol == TOLERANCE[FP32]:  # fp32: the passes' model without kernels and the masked model compute the same
             if reports:
                 candidates["graph passes only"] = before_kernels
                 estimates["graph passes only"] = outputs.seconds("ops reference")
             # built only where its estimate (the masked reference's call) keeps it in the race: a copy of the model
-            estimate, fastest = outputs.seconds(trusted), outputs.seconds(gm)
+            estimate, fastest = outputs.seconds(checked), outputs.seconds(gm)
             eager = _eager_model(graph, usable, tol) \
                 if estimate is None or fastest is None or estimate <= OUT_OF_RACE * fastest else None
             if eager is not None:
                 candidates["model as given, masked"] = eager
                 estimates["model as given, masked"] = estimate
         # without grids the masked model runs the dense model's ops: its check call is a dense call
-        name, run, record = guarded(graph, candidates, trusted, config.runs, warm, estimates,
-                                    warm_exact=not has_grids(table))
+        name, run, record = guarded(graph, candidates, checked, config.runs, warm, estimates,
+                                    warm_exact=not has_grids(table) and not has_grids(input_table or {}))
         if name in ("graph passes only", "model as given, masked"):
-            error = outputs.error(run, trusted)
-            rows.append(check_row(f"table ({name})", error, tol))
+            error = outputs.error(run, checked)
+            rows.append(check_row(f"{references[0][0]} ({name})", error, tol))
             if not error <= tol:
                 run = gm
     stages["guard"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    if has_grids(table):  # quantization's own error: a reference without grids and a model run, when first read
+    if has_grids(table) or outputs.seconds(trusted) is None:  # a reference without grids, run when first read
         fp32_error: float | Callable[[], float] = partial(_fp32_error, graph, table, run)
     else:  # without grids the trusted reference is that model, run already
         fp32_error = outputs.error(run, trusted)
     stages["checks"] += time.perf_counter() - t0
     size_guard = None
-    if run is not eager and run is not trusted and _size_specialized(run):
+    if run is not eager and run is not trusted and run is not checked and _size_specialized(run):
         fallback = eager if eager is not None else _eager_model(graph, usable, tol)
-        size_guard = _size_guard(graph, run, _checked(fallback, trusted, tol, outputs))
+        size_guard = _size_guard(graph, run, _checked(fallback, checked, tol, outputs))
     kept = CompileRecord(graph=graph, table=usable, input_table=input_table,
                          example=(tuple(graph.call_args), dict(graph.call_kwargs)), tolerance=tol)
     total = time.perf_counter() - start

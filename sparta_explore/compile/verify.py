@@ -10,7 +10,10 @@
   grids where the table asks for <= 8 bits; `table_reference`), i.e. the captured graph
   before any graph pass: passes and kernels together are checked against the user's model.
 * **input table**: when given a `PropagationResult`, also against the table propagation
-  started from: what the pruner and quantizer said, the reference a user can trust.
+  started from: what the pruner and quantizer said, the reference a user can trust. Where
+  propagation pruned further (the two masked models differ), this is the check that must
+  pass; the table's check then runs only to explain a failure (its row reads NaN until
+  then): a model matching the user's table is right whatever the derived one says.
 
 If a table check fails, the compiled model runs that trusted reference instead (with a
 `CompileWarning`): never a wrong answer.
@@ -127,23 +130,31 @@ def reference_module(gm: fx.GraphModule, compiled: Mapping[str, nn.Module]) -> f
     return fx.GraphModule(owners, graph)
 
 
+def not_run(name: str, tol: float) -> dict:
+    """The row of a check that did not need to run (error NaN): one it only explains passed without it."""
+    return {**check_row(name, float("nan"), tol), "passed": True}
+
+
 def verified_module(graph: Graph, gm: fx.GraphModule, execution: ExecutionPlan, compiled: Mapping[str, nn.Module],
                     references: Sequence[tuple[str, nn.Module]], tol: float, verify: bool,
-                    outputs: ModelOutputs | None = None, ops_reference: nn.Module | None = None
-                    ) -> tuple[nn.Module, list[dict]]:
+                    outputs: ModelOutputs | None = None, ops_reference: nn.Module | None = None,
+                    explain: Sequence[tuple[str, nn.Module]] = ()) -> tuple[nn.Module, list[dict]]:
     """The module to run (`gm`, or the reference that a failed check falls back to) and the check rows.
 
     `ops_reference`: a module computing what `gm` with every compiled op running its reference computes
     (fp32: the passes' model before kernels), its outputs in `outputs` already; default: that graph, built
     and run here, only where a table check fails (it then tells a kernel bug from a pass bug). Until then the
     ops row says it did not run (error NaN): the table checks compare `gm` with the user's model itself, and the
-    reference graph of quantized ops was a model run of its own (BERT-base w8a8: 1.3 s).
+    reference graph of quantized ops was a model run of its own (BERT-base w8a8: 1.3 s). `explain`: references
+    checked only when one of `references` fails, likewise (the table compile used, where `references` hold the
+    pruner's own table and propagation pruned further).
     """
     outputs = outputs or ModelOutputs(graph)
+    later = [not_run(name, tol) for name, _ in explain]
     if ops_reference is None and verify and references:
         rows = [check_row(name, outputs.error(gm, ref), tol) for name, ref in references]
         if all(row["passed"] for row in rows):
-            return gm, [{**check_row("ops", float("nan"), tol), "passed": True}] + rows
+            return gm, [not_run("ops", tol)] + rows + later
     reference = ops_reference if ops_reference is not None else reference_module(gm, compiled)
     outputs.of(reference, label="ops reference")  # the passes' model at dense speed: the guard's estimate of it
     ops_error = outputs.error(gm, reference)
@@ -163,8 +174,9 @@ def verified_module(graph: Graph, gm: fx.GraphModule, execution: ExecutionPlan, 
             warnings.warn(f"compiled model differs from the model masked with the {name} by {error:.3g} (> {tol:g}); "
                           f"it runs that masked model instead. A graph pass, propagation or planning changed what "
                           f"the {name} says: please report it", CompileWarning, stacklevel=4)
+            later = [check_row(other, outputs.error(run, module), tol) for other, module in explain]
             run = ref
             for op in execution.ops.values():
                 op.fell_back(f"{name} check failed ({error:.2e}): the masked reference runs")
             break
-    return run, rows
+    return run, rows + later

@@ -123,3 +123,45 @@ def test_without_an_ops_reference_the_reference_graph_runs_only_to_explain_a_fai
         assert built and run is not gm and checks["ops"]["error"] > 1e-3 and not checks["ops"]["passed"]
         assert checks["table"]["passed"] and torch.allclose(run(x), model(x))
         assert any("reference ops" in str(w.message) for w in caught)
+
+
+def test_where_propagation_pruned_further_the_input_table_is_checked_and_the_table_only_explains(
+        device, cache_dir, monkeypatch):
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(33, 64)
+    g = se.capture(model, (x,))
+    fc2 = torch.rand(64, 96) < 0.5
+    fc2[:, :40] = False  # columns of fc2 nobody reads: propagation prunes those rows of fc1 too
+    table = {"fc1.weight": se.TeSA.from_mask(torch.rand(96, 64) < 0.5), "fc2.weight": se.TeSA.from_mask(fc2)}
+    result = se.run_propagation(g, table)
+    assert not pipeline.same_references(g, result.table, table)
+    built = []
+    real = pipeline.table_reference
+    monkeypatch.setattr(pipeline, "table_reference", lambda *a, **k: built.append(1) or real(*a, **k))
+    cm = compile(g, result, device=device, cache_dir=cache_dir, tune=False, runs=1)
+    checks = cm.checks.set_index("check")
+    assert np.isnan(checks.loc["table", "error"]) and bool(checks.loc["input table", "passed"])  # never run
+    assert cm.table_error == checks.loc["input table", "error"] and len(built) == 1  # the input table's only
+    with torch.no_grad():
+        assert torch.allclose(cm(x), se.masked_copy(model, table)(x), atol=1e-4)  # what the user's table says
+
+
+def test_a_failed_check_runs_the_checks_it_explains():
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(8, 4)), torch.randn(5, 8)
+    graph = se.capture(model, (x,))
+    root = nn.Sequential(_Wrong(model[0], 1.0))
+    gm = fx.GraphModule(root, _KernelsAsLeaves().trace(root))
+    outputs = ModelOutputs(graph)
+    outputs.given(gm, gm(x), 0.1)  # the ops reference computes what gm does: the bug is not the kernels'
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run, rows = verify.verified_module(graph, gm, SimpleNamespace(ops={}), {}, [("input table", graph.module)],
+                                           1e-3, verify=True, outputs=outputs, ops_reference=gm,
+                                           explain=[("table", graph.module)])
+    checks = {r["check"]: r for r in rows}
+    assert run is graph.module and not checks["input table"]["passed"]
+    assert checks["table"]["error"] > 1e-3 and not checks["table"]["passed"]  # measured, not NaN
+    _, rows = verify.verified_module(graph, model, SimpleNamespace(ops={}), {}, [("input table", graph.module)],
+                                     1e-3, verify=True, ops_reference=model, explain=[("table", graph.module)])
+    assert np.isnan({r["check"]: r for r in rows}["table"]["error"])  # passed: the explaining check never ran
