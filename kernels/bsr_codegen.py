@@ -296,7 +296,7 @@ def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, n
         raise ValueError("this kernel I/O reads one k per piece: give it one-word segments (unit_segments)")
     p_x = io.offsets(panels.p_k0, cfg.tile_vectors * vec)
     # with the pattern as data, the panel loop's literal count is bucketed: one library serves every K of a bucket
-    e_ptr, n_panels = bucketed(panels.e_ptr, panels.count, len(chunk_g0) + 1) if as_data else \
+    e_ptr, n_panels = bucketed(panels.e_ptr, panels.count, len(chunk_g0) + 1) if as_data and cfg.panel else \
         (panels.e_ptr, panels.count)
     tables += entry_tables(panels, e_ptr).array("P_X", p_x).array("P_LEN", panels.p_len)
     dispatch = "\n".join(

@@ -48,18 +48,17 @@ def panel_rows(tile_bytes: int, word: int = 1) -> int:
 
 
 def bucketed(e_ptr: np.ndarray, count: int, per_panel: int) -> tuple[np.ndarray, int]:
-    """(`e_ptr` padded with empty panels, the padded count): more than one panel runs up to the next multiple of
+    """(`e_ptr` padded with empty panels, the padded count): the panels run up to the next multiple of
     `PANEL_BUCKET`, so the loop's literal count is shared by every K of the bucket and a library built for one
     serves them all (a shrink pass leaves BERT-base's 3072-k layers 2400-2900 k: one build per K before). An
-    empty panel costs its two pointer reads per chunk.
+    empty panel costs its two pointer reads per chunk. For layouts that cut K into panels (one panel, K whole,
+    keeps its literal 1 without this).
 
     Example:
         >>> e, n = bucketed(np.array([0, 1, 1, 3]), 2, 2); n, e.tolist()[-3:]
         (16, [3, 3, 3])
     """
-    if count <= 1:
-        return e_ptr, count
-    padded = -(-count // PANEL_BUCKET) * PANEL_BUCKET
+    padded = -(-max(count, 1) // PANEL_BUCKET) * PANEL_BUCKET
     tail = np.full((padded - count) * per_panel, e_ptr[-1] if len(e_ptr) else 0, dtype=np.int64)
     return np.concatenate([np.asarray(e_ptr, dtype=np.int64), tail]), padded
 
