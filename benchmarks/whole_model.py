@@ -166,7 +166,7 @@ def channel_case(name: str, batch: int, runs: int) -> None:
     se.apply_table(work, usable)
     _, _, reports = run_passes(rewritten(graph, work), usable, keep_graphs=True)
     cm = quiet_compile(graph, result)
-    before = quiet_compile(graph, result, passes=("fuse_int8_pairs",), guard=False)  # what compile did before passes
+    before = quiet_compile(graph, result, passes=("fuse_pairs",), guard=False)  # what compile did before passes
     fns = [lambda: model(*x), lambda: before(*x)]
     if tp_model is not None:
         tp_cl = copy.deepcopy(tp_model).to(memory_format=torch.channels_last)
@@ -295,13 +295,13 @@ def bert_case(runs: int, layers: int) -> None:
     reference = se.masked_copy(model, table)
     transformer_row(case, "fp32 compiled", model, graph, result, runs, reference, compile_runs=3)
     transformer_row(case, "fp32 compiled, no passes (as before)", model, graph, result, runs, reference,
-                    compile_runs=3, passes=("fuse_int8_pairs",))
+                    compile_runs=3, passes=("fuse_pairs",))
     q = quantize(model, UniformQuantConfig(weight_bits=8, activation_bits=8, activation_fmt="int",
                                            op_types=("Linear",)), "uniform", graph=graph)
     w8 = se.run_propagation(graph, table.merge(q))
     transformer_row(case, "w8a8 compiled", model, graph, w8, runs, reference, compile_runs=3)
     transformer_row(case, "w8a8 compiled, no passes (as before)", model, graph, w8, runs, reference,
-                    compile_runs=3, passes=("fuse_int8_pairs",))
+                    compile_runs=3, passes=("fuse_pairs",))
 
 
 def heads_case(runs: int, layers: int) -> None:
@@ -309,7 +309,7 @@ def heads_case(runs: int, layers: int) -> None:
     case = f"bert-base x{layers} heads50%+ffn90%"
     reference = se.masked_copy(model, table)
     transformer_row(case, "fp32 compiled, every pass", model, graph, result, runs, reference, compile_runs=3)
-    without = tuple(n for n in graph_pass_names() if n != "shrink") + ("fuse_int8_pairs", "fuse_epilogue")
+    without = tuple(n for n in graph_pass_names() if n != "shrink") + ("fuse_pairs", "fuse_epilogue")
     transformer_row(case, "fp32 compiled, no shrink", model, graph, result, runs, reference, compile_runs=3,
                     passes=without)
 
@@ -335,7 +335,7 @@ def hf_case(runs: int) -> None:
         reference = se.masked_copy(model, table)
         transformer_row(case, "fp32 compiled", model, graph, result, runs, reference)
         transformer_row(case, "fp32 compiled, no passes (as before)", model, graph, result, runs, reference,
-                        passes=("fuse_int8_pairs",))
+                        passes=("fuse_pairs",))
 
 
 def tiny_case(runs: int) -> None:

@@ -74,12 +74,50 @@ def _vectors(r: int) -> int:
     return TileConfig().vectors_for(r)
 
 
+FMA_CHAINS = 8  # independent accumulators that keep two FMA pipes of latency 4 busy
+
+
+def _flat_loop(r: int, v: int) -> str:
+    """C of a tile's flat loop over one-k pieces (scattered rows), accumulating into a{i}{j}.
+
+    A one-row tile of three vectors has three accumulators: each FMA waits for the one before it
+    (latency 4, two pipes), so it ran at 3 of 8 FMAs in flight. Here `ways` pieces go into
+    `ways` sets of accumulators at once (FMA_CHAINS chains in all), summed at the end.
+    """
+    ways = max(1, min(4, -(-FMA_CHAINS // (r * v))))
+    one = (" ".join(f"const vf x{j} = LD(x + {j} * VEC);" for j in range(v)) + " "
+           + " ".join(f"a{i}{j} += w[{i}] * x{j};" for i in range(r) for j in range(v)))
+    single = f"""        for (; p < E_P1[e]; ++p, w += {r}) {{
+            const float *x = xb + P_X[p] + t;
+            {one}
+        }}"""
+    if ways == 1:
+        return f"        long p = E_P0[e];\n{single}"
+    names = [[[f"a{i}{j}" if s == 0 else f"s{s}_{i}{j}" for j in range(v)] for i in range(r)] for s in range(ways)]
+    decl = " ".join(f"vf {names[s][i][j]} = zero;" for s in range(1, ways) for i in range(r) for j in range(v))
+    body = []
+    for s in range(ways):
+        body.append(f"const float *x{s}_ = xb + P_X[p + {s}] + t;")
+        body += [f"const vf x{s}_{j} = LD(x{s}_ + {j} * VEC);" for j in range(v)]
+        body += [f"{names[s][i][j]} += w[{s * r + i}] * x{s}_{j};" for i in range(r) for j in range(v)]
+    sums = " ".join(f"a{i}{j} += {' + '.join(names[s][i][j] for s in range(1, ways))};"
+                    for i in range(r) for j in range(v))
+    return f"""        long p = E_P0[e];
+        {decl}
+        for (; p + {ways} <= E_P1[e]; p += {ways}, w += {ways * r}) {{
+            {" ".join(body)}
+        }}
+{single}
+        {sums}"""
+
+
 def _tile_function(r: int, act: str, v: int) -> str:
     """One register tile (r rows x v vectors) over one panel entry: start, accumulate, spill or finish."""
     acc_decl = " ".join(f"vf a{i}{j} = first ? zero : LD(yb + (n0 + {i}) * TILE + t + {j} * VEC);"
                         for i in range(r) for j in range(v))
     loads = " ".join(f"const vf x{j} = LD(x + {j} * VEC);" for j in range(v))
     fmas = " ".join(f"a{i}{j} += w[{i}] * x{j};" for i in range(r) for j in range(v))
+    flat = _flat_loop(r, v)
     finish, spill = [], []
     for i in range(r):
         for j in range(v):
@@ -96,11 +134,7 @@ static inline void tile{r}(const float *xb, float *yb, long t, long e, const flo
     {acc_decl}
     const float *w = W + E_WOFF[e];
     if (E_FLAGS[e] & {ONE_WORD}) {{  /* scattered: every piece is one k, so one flat loop over the pieces */
-        for (long p = E_P0[e]; p < E_P1[e]; ++p, w += {r}) {{
-            const float *x = xb + P_X[p] + t;
-            {loads}
-            {fmas}
-        }}
+{flat}
     }} else {{
         for (long p = E_P0[e]; p < E_P1[e]; ++p) {{
             const float *x = xb + P_X[p] + t;

@@ -1,18 +1,23 @@
-"""Two int8 sparse linears chained tile by tile: a BERT FFN (fc1 + GELU, then fc2) without its intermediate.
+"""Two sparse linears chained tile by tile: a BERT FFN (fc1 + GELU, then fc2) without its intermediate.
 
 Unfused, fc1 writes its M x 3072 output (48 MiB at M = 4096) and fc2 reads it back, packing
 it row by row. Fused, a small driver (`templates/fused_driver.c`) runs, per tile of M rows:
-fc1's pack and whole tile (activation included) into a private buffer, fc2's packing of
-that buffer (already K-major for fc2: `..._pack_kmajor`, each row of M on its own grid as
-fc2's own packing would give it), fc2's tile, and fc2's write to Y. Both kernels stay what
-they are (their own libraries, their own baked tables); the driver gets their entry points
-as pointers. The same computation as the two ops one after the other (`reference` runs them
-so), with one caveat: fc1's fp32 outputs can differ from the unfused build's in the last bit
-(the compiler contracts multiply-adds per inlining context), so a value exactly halfway
-between two of fc2's grid levels can round the other way (about 1 row in 1000 in tests).
+fc1's pack and whole tile (activation included) into a private buffer, fc2's whole tile on
+that buffer, and fc2's write to Y. Both kernels stay what they are (their own libraries, their
+own tables); the driver gets their entry points as pointers.
+
+* fp32 (`FusedFp32Pair`, two `SparseLinear`): fc1's output tile (N x TILE, K-major) is fc2's
+  packed input tile as it is: nothing is packed between them.
+* int8 (`FusedInt8Pair`, two `Int8SparseLinear`): fc2 packs fc1's tile on its own grids
+  (`..._pack_kmajor`, each row of M on its own grid as fc2's own packing would give it). fc1's
+  fp32 outputs can differ from the unfused build's in the last bit (the compiler contracts
+  multiply-adds per inlining context), so a value exactly halfway between two of fc2's grid
+  levels can round the other way (about 1 row in 1000 in tests).
+
+`reference` runs the two ops' references one after the other.
 
 Example:
-    >>> ffn = FusedInt8Pair(fc1, fc2)  # doctest: +SKIP
+    >>> ffn = fused_pair(fc1, fc2)  # doctest: +SKIP
     >>> torch.allclose(ffn(x), fc2(fc1(x)), atol=1e-4)  # doctest: +SKIP
     True
 """
@@ -28,51 +33,47 @@ from sparta_explore.kernels import output_pool
 from sparta_explore.kernels.build import BuiltLibrary, KernelBuildError, build, load_library
 from sparta_explore.kernels.c_templates import c_text
 from sparta_explore.kernels.compiled_op import CompiledOp
-from sparta_explore.kernels.sparse_linear import Int8SparseLinear
+from sparta_explore.kernels.sparse_linear import Int8SparseLinear, KernelLinear, SparseLinear
 
-SYMBOL = "sparse_linear_int8"  # Int8SparseLinear's kernel name: its fused entry points are SYMBOL_*
 DRIVER_NAME = "fused_pair"  # the driver library (plain C: no vector code, so it builds for any x86-64 CPU)
 
 
-class _Layer(ctypes.Structure):
+class _Layer(ctypes.Structure):  # `struct layer` of fused_driver.c
     _fields_ = [("run_tile", ctypes.c_void_p), ("W", ctypes.c_void_p), ("corr", ctypes.c_void_p),
                 ("ws", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("n_out", ctypes.c_long),
                 ("packed_bytes", ctypes.c_long), ("pattern", ctypes.c_void_p)]
 
 
-def why_not_fusable(first: torch.nn.Module, second: torch.nn.Module) -> str | None:
-    """Why `first` then `second` cannot run as one `FusedInt8Pair`, or None when they can.
-
-    Example:
-        >>> why_not_fusable(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
-        'Linear is not a row-major Int8SparseLinear'
-    """
-    for op in (first, second):
-        if type(op) is not Int8SparseLinear:
-            return f"{type(op).__name__} is not a row-major Int8SparseLinear"
-        if op._fn is None or op.built is None:
-            return f"{op.op_name()} runs its reference ({op.fallback_reason})"
-    if first.out_features != second.in_features:
-        return f"{first.out_features} outputs feed {second.in_features} inputs"
-    if first._tile != second._tile:
-        return f"tiles of {first._tile} and {second._tile} rows"
-    return None
+class _Layer32(ctypes.Structure):  # `struct layer32` of fused_driver.c
+    _fields_ = [("run_tile", ctypes.c_void_p), ("W", ctypes.c_void_p), ("bias", ctypes.c_void_p),
+                ("n_out", ctypes.c_long), ("xb_floats", ctypes.c_long), ("pattern", ctypes.c_void_p)]
 
 
-class FusedInt8Pair(CompiledOp):
-    """y = second(first(x)) for two `Int8SparseLinear` kernels, tile by tile (see the module docstring).
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
 
-    `first` keeps its fused activation; `second` quantizes first's output rows exactly as it
-    would quantize its own input. Built once (the driver is pattern-independent and cached).
+
+def _entry(lib: ctypes.CDLL, symbol: str) -> int:
+    return ctypes.cast(lib[symbol], ctypes.c_void_p).value
+
+
+class FusedPair(CompiledOp):
+    """y = second(first(x)) for two kernels of one precision, tile by tile (see the module docstring).
+
+    `first` keeps its fused activation. Built once (the driver is pattern-independent and
+    cached). Subclasses name the kernel type they chain (`op_type`, whose library exports
+    `<symbol>_*` entry points) and how the driver is bound and called.
     """
 
-    exact_grad = False  # int8 kernels: rounding has no useful gradient
+    op_type: type[KernelLinear]
+    symbol: str  # the kernel's function name in its library: its fused entry points are symbol_*
     fallback_reason: str | None = None  # set when a copy could not bind the pair: the two ops then run in turn
 
-    def __init__(self, first: Int8SparseLinear, second: Int8SparseLinear,
-                 cache_dir: str | os.PathLike | None = None) -> None:
+    def __init__(self, first: KernelLinear, second: KernelLinear, cache_dir: str | os.PathLike | None = None) -> None:
         super().__init__()
         why = why_not_fusable(first, second)
+        if why is None and type(first) is not self.op_type:
+            why = f"{type(self).__name__} chains {self.op_type.__name__}s, not {type(first).__name__}s"
         if why is not None:
             raise ValueError(f"cannot fuse: {why}")
         self.first, self.second = first, second
@@ -87,33 +88,23 @@ class FusedInt8Pair(CompiledOp):
         return sum(op.density * s for op, s in zip((self.first, self.second), sizes)) / sum(sizes)
 
     def _bind(self, lib: ctypes.CDLL) -> None:
-        fn = lib.fused_pair
-        fn.restype = None
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
-                       ctypes.POINTER(_Layer), ctypes.c_void_p, ctypes.POINTER(_Layer), ctypes.c_void_p]
-        self._fn = fn
         # by path: after a copy or unpickling the ops' build records hold no library handle
         a, b = load_library(self.first.built.path), load_library(self.second.built.path)
-        entry = lambda lib, what: ctypes.cast(lib[f"{SYMBOL}_{what}"], ctypes.c_void_p).value  # noqa: E731
-        self._entries = (entry(a, "pack_rows"), entry(b, "pack_kmajor"), entry(b, "unpack"), entry(a, "run_tile"),
-                         entry(b, "run_tile"), a[f"{SYMBOL}_packed_bytes"](), b[f"{SYMBOL}_packed_bytes"]())
+        self._fn, self._entries = self._bind_driver(lib, a, b)
 
-    @staticmethod
-    def _layer(op: Int8SparseLinear, run_tile: int, packed_bytes: int) -> _Layer:
-        ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
-        return _Layer(run_tile, ptr(op._packed), ptr(op._corr), ptr(op.weight_scale), ptr(op.bias),
-                      op.out_features, packed_bytes, op.pattern_address)
+    def _bind_driver(self, lib: ctypes.CDLL, a: ctypes.CDLL, b: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, tuple]:
+        raise NotImplementedError(f"{type(self).__name__} names no driver")
+
+    def _call(self, x2: torch.Tensor, y: torch.Tensor) -> None:
+        raise NotImplementedError(f"{type(self).__name__} names no driver call")
 
     def _fast(self, x: torch.Tensor) -> torch.Tensor:
         if self._fn is None:  # unbound (loaded without a compiler, or its ops rebuilt apart): one after the other
             return self.second(self.first(x))
-        pack_rows, pack_kmajor, unpack, run_a, run_b, bytes_a, bytes_b = self._entries
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).contiguous()
         y = output_pool.take((x2.shape[0], self.out_features))
-        a, b = self._layer(self.first, run_a, bytes_a), self._layer(self.second, run_b, bytes_b)
-        self._fn(x2.data_ptr(), y.data_ptr(), x2.shape[0], self.first._tile, pack_rows, ctypes.byref(a), pack_kmajor,
-                 ctypes.byref(b), unpack)
+        self._call(x2, y)
         return y.reshape(*lead, self.out_features)
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
@@ -135,9 +126,108 @@ class FusedInt8Pair(CompiledOp):
             try:
                 self._bind(load_library(self.built.path))
                 return
-            except (OSError, KernelBuildError) as e:
+            except (OSError, AttributeError, KernelBuildError) as e:  # AttributeError: a library without entries
                 why = str(e)
         self.fallback_reason = f"pair not bound ({why}): its two ops run one after the other"
 
     def extra_repr(self) -> str:
         return f"{self.in_features}->{self.first.out_features}->{self.out_features}, tile={self.first._tile}"
+
+
+class FusedInt8Pair(FusedPair):
+    """Two `Int8SparseLinear` tile by tile; `second` quantizes first's output rows as it would its own input."""
+
+    op_type = Int8SparseLinear
+    symbol = "sparse_linear_int8"
+    exact_grad = False  # int8 kernels: rounding has no useful gradient
+
+    def _bind_driver(self, lib: ctypes.CDLL, a: ctypes.CDLL, b: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, tuple]:
+        fn = lib.fused_pair
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
+                       ctypes.POINTER(_Layer), ctypes.c_void_p, ctypes.POINTER(_Layer), ctypes.c_void_p]
+        s = self.symbol
+        entries = (_entry(a, f"{s}_pack_rows"), _entry(b, f"{s}_pack_kmajor"), _entry(b, f"{s}_unpack"),
+                   _entry(a, f"{s}_run_tile"), _entry(b, f"{s}_run_tile"), a[f"{s}_packed_bytes"](),
+                   b[f"{s}_packed_bytes"]())
+        return fn, entries
+
+    def _call(self, x2: torch.Tensor, y: torch.Tensor) -> None:
+        pack_rows, pack_kmajor, unpack, run_a, run_b, bytes_a, bytes_b = self._entries
+        a, b = self.first, self.second
+        la = _Layer(run_a, _ptr(a._packed), _ptr(a._corr), _ptr(a.weight_scale), _ptr(a.bias), a.out_features,
+                    bytes_a, a.pattern_address)
+        lb = _Layer(run_b, _ptr(b._packed), _ptr(b._corr), _ptr(b.weight_scale), _ptr(b.bias), b.out_features,
+                    bytes_b, b.pattern_address)
+        self._fn(x2.data_ptr(), y.data_ptr(), x2.shape[0], a._tile, pack_rows, ctypes.byref(la), pack_kmajor,
+                 ctypes.byref(lb), unpack)
+
+
+class FusedFp32Pair(FusedPair):
+    """Two `SparseLinear` tile by tile: first's output tile is second's packed input tile, unchanged."""
+
+    op_type = SparseLinear
+    symbol = "sparse_linear"
+    exact_grad = True  # backward runs the two references: exact gradients
+
+    def _bind_driver(self, lib: ctypes.CDLL, a: ctypes.CDLL, b: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, tuple]:
+        fn = lib.fused_pair_fp32
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
+                       ctypes.POINTER(_Layer32), ctypes.POINTER(_Layer32), ctypes.c_void_p]
+        s = self.symbol
+        xb_floats = [lib_[f"{s}_xb_floats"] for lib_ in (a, b)]
+        for f in xb_floats:
+            f.restype, f.argtypes = ctypes.c_long, [ctypes.c_void_p]
+        entries = (_entry(a, f"{s}_pack_rows"), _entry(a, f"{s}_run_tile"), _entry(b, f"{s}_run_tile"),
+                   _entry(b, f"{s}_unpack"), xb_floats[0](self.first.pattern_address),
+                   xb_floats[1](self.second.pattern_address))
+        return fn, entries
+
+    def _call(self, x2: torch.Tensor, y: torch.Tensor) -> None:
+        pack_rows, run_a, run_b, unpack, floats_a, floats_b = self._entries
+        a, b = self.first, self.second
+        la = _Layer32(run_a, a._packed.data_ptr(), _ptr(a.bias), a.out_features, floats_a, a.pattern_address)
+        lb = _Layer32(run_b, b._packed.data_ptr(), _ptr(b.bias), b.out_features, floats_b, b.pattern_address)
+        self._fn(x2.data_ptr(), y.data_ptr(), x2.shape[0], a._tile, pack_rows, ctypes.byref(la), ctypes.byref(lb),
+                 unpack)
+
+
+PAIRS: dict[type, type[FusedPair]] = {Int8SparseLinear: FusedInt8Pair, SparseLinear: FusedFp32Pair}
+
+
+def why_not_fusable(first: torch.nn.Module, second: torch.nn.Module) -> str | None:
+    """Why `first` then `second` cannot run as one fused pair (`PAIRS`), or None when they can.
+
+    Example:
+        >>> why_not_fusable(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+        'Linear is not a row-major SparseLinear or Int8SparseLinear'
+    """
+    kinds = " or ".join(t.__name__ for t in reversed(PAIRS))
+    for op in (first, second):
+        if type(op) not in PAIRS:
+            return f"{type(op).__name__} is not a row-major {kinds}"
+        if op._fn is None or op.built is None:
+            return f"{op.op_name()} runs its reference ({op.fallback_reason})"
+    if type(first) is not type(second):
+        return f"a {type(first).__name__} feeds a {type(second).__name__}"
+    if first.out_features != second.in_features:
+        return f"{first.out_features} outputs feed {second.in_features} inputs"
+    if first._tile != second._tile:
+        return f"tiles of {first._tile} and {second._tile} rows"
+    return None
+
+
+def fused_pair(first: KernelLinear, second: KernelLinear, cache_dir: str | os.PathLike | None = None) -> FusedPair:
+    """The fused pair for `first` then `second` (`FusedFp32Pair` or `FusedInt8Pair`); ValueError if none can be.
+
+    Example:
+        >>> fused_pair(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+        Traceback (most recent call last):
+        ...
+        ValueError: cannot fuse: Linear is not a row-major SparseLinear or Int8SparseLinear
+    """
+    why = why_not_fusable(first, second)
+    if why is not None:
+        raise ValueError(f"cannot fuse: {why}")
+    return PAIRS[type(first)](first, second, cache_dir=cache_dir)

@@ -251,7 +251,7 @@ def generate_segment_source(plan: SegmentPlan, n_out: int, n_in: int, vec: int, 
                     for (long t = 0; t < TILE; t += VEC) ST(yb + n * TILE + t, b);
                 }"""
     finish = f"""{act_rows}
-                unpack_tile(yb, Y, m0, mt, C_N[c], C_N[c + 1], P);"""
+                if (Y) unpack_tile(yb, Y, m0, mt, C_N[c], C_N[c + 1], P);  /* NULL: fused, yb read */"""
 
     def entries(first: str, last: str) -> str:
         return f"""

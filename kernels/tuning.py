@@ -34,7 +34,7 @@ CANDIDATES = (TileConfig(4, 3, 6), TileConfig(4, 2, 4), TileConfig(2, 3, 6), Til
 # measured on BERT FFN shapes: 6x2 wins at M=4096 and for 768->3072, 2x4 for 3072->768 at M=128
 SEGMENT_CANDIDATES = (TileConfig(6, 2, 6, layout="segments"), TileConfig(2, 4, 8, layout="segments"))
 MIN_SHARING = 2.0  # rows per (panel, pattern) below which the segment layout only adds spills
-TUNING_VERSION = 11  # 9: density to 5%; 10: long runs and sharing capped; 11: shapes to half an octave
+TUNING_VERSION = 12  # 10: long runs and sharing capped; 11: shapes to half an octave; 12: split flat-loop sums
 
 
 def candidates(kept: np.ndarray) -> tuple[TileConfig, ...]:

@@ -1,3 +1,10 @@
+/* One work item: chunks c0..c1 of the tile packed in xt (K-major) into yb (N x TILE), then those rows
+   of yb to rows m0.. of Y (none when Y is NULL: a fused pair reads yb). */
+static void run_item(const float *xt, float *yb, float *Y, long m0, long mt, long c0, long c1, const float *W,
+                     const float *bias, const struct pattern *P) {
+    const vf zero = {0}; const vf one = zero + 1.0f; (void)one; (void)zero;
+${body}}
+
 void ${name}(const float *X, float *Y, long M, const float *W, const float *bias, const struct pattern *P) {
     const long tiles = (M + TILE - 1) / TILE;
     const long split = tiles >= 4 * omp_get_max_threads() ? 1 : N_CHUNKS;  /* chunk runs per tile */
@@ -7,7 +14,6 @@ void ${name}(const float *X, float *Y, long M, const float *W, const float *bias
     {
         float *xb = split == 1 ? aligned_alloc(64, sizeof(float) * XB_FLOATS) : NULL;
         float *yb = aligned_alloc(64, sizeof(float) * N_OUT * TILE);
-        const vf zero = {0}; const vf one = zero + 1.0f; (void)one;
         if (split != 1) {
             #pragma omp for schedule(static)
             for (long i = 0; i < tiles; ++i) {
@@ -21,10 +27,29 @@ void ${name}(const float *X, float *Y, long M, const float *W, const float *bias
             const long c0 = split == 1 ? 0 : item % split, c1 = split == 1 ? N_CHUNKS : c0 + 1;
             const long mt = M - m0 < TILE ? M - m0 : TILE;
             if (split == 1) pack_tile(X, xb, m0, mt, P);
-            const float *xt = split == 1 ? xb : shared + tile * XB_FLOATS;
-${body}        }
+            run_item(split == 1 ? xb : shared + tile * XB_FLOATS, yb, Y, m0, mt, c0, c1, W, bias, P);
+        }
         free(xb);
         free(yb);
     }
     free(shared);
+}
+
+/* Entry points for a fused driver that chains kernels tile by tile (kernels/fused_ffn.py). A tile's
+   output yb (N_OUT x TILE) is K-major, the packed X tile of a next kernel with the same TILE as it is:
+   the M x N intermediate never reaches memory and is never packed. */
+long ${name}_tile_rows(void) { return TILE; }
+
+long ${name}_xb_floats(const struct pattern *P) { (void)P; return XB_FLOATS; }
+
+void ${name}_pack_rows(const float *X, float *xb, long m0, long mt, const struct pattern *P) {
+    pack_tile(X, xb, m0, mt, P);
+}
+
+void ${name}_run_tile(const float *xt, float *yb, const float *W, const float *bias, const struct pattern *P) {
+    run_item(xt, yb, NULL, 0, TILE, 0, N_CHUNKS, W, bias, P);
+}
+
+void ${name}_unpack(const float *yb, float *Y, long m0, long mt, const struct pattern *P) {
+    unpack_tile(yb, Y, m0, mt, 0, N_OUT, P);
 }

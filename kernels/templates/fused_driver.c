@@ -43,3 +43,37 @@ void fused_pair(const float *X, float *Y, long M, long T, pack_rows_fn pack_rows
         free(xa); free(xb); free(sa); free(sb); free(ya); free(yb);
     }
 }
+
+/* The fp32 pair: a tile's output of the first kernel (N x TILE floats, K-major) is the second's packed
+   input as it is, so nothing is packed between them. */
+typedef void (*pack_rows32_fn)(const float *X, float *xb, long m0, long mt, const void *pattern);
+typedef void (*run_tile32_fn)(const float *xt, float *yb, const float *W, const float *bias, const void *pattern);
+typedef void (*unpack32_fn)(const float *yb, float *Y, long m0, long mt, const void *pattern);
+
+struct layer32 {
+    run_tile32_fn run_tile;
+    const float *W, *bias;
+    long n_out, xb_floats;
+    const void *pattern;
+};
+
+void fused_pair_fp32(const float *X, float *Y, long M, long T, pack_rows32_fn pack_rows, const struct layer32 *a,
+                     const struct layer32 *b, unpack32_fn unpack) {
+    const long tiles = (M + T - 1) / T;
+    const long mid = a->n_out * T > b->xb_floats ? a->n_out * T : b->xb_floats;
+    #pragma omp parallel
+    {
+        float *xa = aligned_alloc(64, sizeof(float) * ((a->xb_floats + 15) / 16 * 16));
+        float *ya = aligned_alloc(64, sizeof(float) * ((mid + 15) / 16 * 16));
+        float *yb = aligned_alloc(64, sizeof(float) * b->n_out * T);
+        #pragma omp for schedule(static)
+        for (long i = 0; i < tiles; ++i) {
+            const long m0 = i * T, mt = M - m0 < T ? M - m0 : T;
+            pack_rows(X, xa, m0, mt, a->pattern);
+            a->run_tile(xa, ya, a->W, a->bias, a->pattern);
+            b->run_tile(ya, yb, b->W, b->bias, b->pattern);
+            unpack(yb, Y, m0, mt, b->pattern);
+        }
+        free(xa); free(ya); free(yb);
+    }
+}

@@ -3,7 +3,7 @@
 `se.compile(model, table, x)` is callable on the package. The stage runs, in order: the
 graph passes (`compile/passes/`: simplify, fold BatchNorm, constant channels, shrink,
 attention, memory format), the plan, the measured kernel choice (`choose.py`,
-`lowering.py`), the kernel passes (`int8_pairs.py`, `epilogue.py`), the checks against the
+`lowering.py`), the kernel passes (`kernel_pairs.py`, `epilogue.py`), the checks against the
 user's table (`verify.py`, `table_reference.py`) and the whole-model guard (`guard.py`).
 
 Importing the package loads `CompileConfig` only (the exploration stage imports it on its

@@ -34,8 +34,8 @@ class CompileConfig:
     * `cache_dir`: where kernels, tile searches and the profile are cached (None: the default).
     * `verify`: check the compiled model against the model masked with the table it was
       given (and, for a propagation result, the table propagation started from).
-    * `fuse`: with measured choice, time chained int8 kernels fused tile by tile (an FFN's
-      fc1 + fc2) and keep the fusion where it is faster (`compile/int8_pairs.py`).
+    * `fuse`: with measured choice, time chained sparse kernels (fp32 or int8) fused tile by tile (an FFN's
+      fc1 + fc2) and keep the fusion where it is faster (`compile/kernel_pairs.py`).
     * `passes`: the graph and kernel passes to run, by name (None: all, in their order;
       `()`: none). `sparta_explore.compile.passes.base.PASSES` lists them.
     * `guard`: time the whole compiled model against the dense model once; if it is

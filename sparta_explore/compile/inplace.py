@@ -55,7 +55,7 @@ from sparta_explore.tracing.kv_cache import kv_cache_off
 
 ATTRIBUTE = "sparta_compiled"  # where the model keeps its InPlaceCompile
 SKIPPED = "in place: the model keeps its own module tree, and this pass rewrites the graph"
-KERNEL_PASSES = ("fuse_int8_pairs", "fuse_epilogue")
+KERNEL_PASSES = ("fuse_pairs", "fuse_epilogue")
 
 
 @dataclass(frozen=True)

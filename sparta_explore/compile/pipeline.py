@@ -13,8 +13,8 @@ Steps, each a named part of this package:
 4. **choose**: record every planned op's real input on the example inputs, build each
    candidate, check it against its reference on that input, time them, keep the fastest
    and fuse the activation that follows a linear;
-5. **kernel passes**: chained int8 linears fused tile by tile where faster
-   (`int8_pairs.py`), then the adds / scales / activation after every op fused into its
+5. **kernel passes**: chained sparse linears (fp32 or int8) fused tile by tile where faster
+   (`kernel_pairs.py`), then the adds / scales / activation after every op fused into its
    output stage (`epilogue.py`);
 6. **checks** (`verify.py`): against the reference ops, the table (the captured graph,
    before any pass) and the input table; where propagation pruned further, against the
@@ -48,7 +48,7 @@ from sparta_explore.compile.config import CompileConfig
 from sparta_explore.compile.epilogue import fuse_epilogues
 from sparta_explore.compile.guard import guarded
 from sparta_explore.compile.inplace import check_not_compiled, compile_in_place
-from sparta_explore.compile.int8_pairs import fuse_pairs
+from sparta_explore.compile.kernel_pairs import fuse_pairs
 from sparta_explore.compile.lowering import LowerContext
 from sparta_explore.compile.passes.base import PassOptions
 from sparta_explore.compile.passes.constant_channels import SIZE_SPECIALIZED
@@ -122,7 +122,7 @@ def _choose_all(working: Graph, execution: ExecutionPlan, config: CompileConfig,
     for op in planned:
         if op.op in compiled:
             _swap(working.module, op, compiled[op.op])
-    if config.fuse and config.runs_pass("fuse_int8_pairs") and config.choose == "measured":
+    if config.fuse and config.runs_pass("fuse_pairs") and config.choose == "measured":
         t0 = time.perf_counter()
         fuse_pairs(working.module, planned, compiled, op_inputs, config.runs, config.cache_dir)
         stages["kernel passes"] = time.perf_counter() - t0

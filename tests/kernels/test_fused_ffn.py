@@ -1,4 +1,4 @@
-"""FusedInt8Pair: two int8 kernels tile by tile give what the two ops give one after the other."""
+"""Fused pairs: two int8 or two fp32 kernels tile by tile give what the two ops give one after the other."""
 
 import copy
 import pickle
@@ -8,8 +8,9 @@ import torch
 from torch import nn
 
 from sparta_explore.kernels import Int8SparseLinear, SparseLinear
+from sparta_explore.kernels.bsr_codegen import TileConfig
 from sparta_explore.kernels.build import cpu_flags
-from sparta_explore.kernels.fused_ffn import FusedInt8Pair, why_not_fusable
+from sparta_explore.kernels.fused_ffn import FusedFp32Pair, FusedInt8Pair, fused_pair, why_not_fusable
 
 from .test_sparse_linear import block_mask
 
@@ -71,7 +72,7 @@ def test_what_cannot_fuse_is_refused_with_the_reason(tmp_path):
     first, second = _pair(tmp_path, 64, 96, "none", {})
     assert why_not_fusable(first, second) is None
     dense = SparseLinear(torch.randn(64, 96), None, torch.ones(64, 96, dtype=torch.bool))
-    assert "row-major Int8SparseLinear" in why_not_fusable(first, dense)
+    assert "a Int8SparseLinear feeds a SparseLinear" in why_not_fusable(first, dense)
     assert "feed" in why_not_fusable(first, first)
     wide = Int8SparseLinear(torch.randn(64, 96), None, torch.rand(64, 96) > 0.9, expected_m=4096, cache_dir=tmp_path)
     if wide._tile != first._tile:  # wide one-row VNNI tiles only exist with VNNI
@@ -87,3 +88,71 @@ def test_fused_pair_copies_and_pickles(tmp_path):
         want = fused(x)
         for other in (copy.deepcopy(fused), pickle.loads(pickle.dumps(fused))):
             torch.testing.assert_close(other(x), want)
+
+
+# fp32: the first op's output tile is the second's packed input tile as it is
+FP32_TILES = {"rows": TileConfig(rows=4, vectors=2, single_vectors=2),
+              "rows-panel": TileConfig(rows=4, vectors=2, single_vectors=2, panel=True),
+              "segments": TileConfig(rows=4, vectors=2, single_vectors=2, layout="segments", panel=True)}
+
+
+def _fp32_pair(tmp_path, k, n, activation, tile, density=0.2, block=(1, 1)):
+    g = torch.Generator().manual_seed(k * n)
+    first = SparseLinear(torch.randn(n, k, generator=g), torch.randn(n, generator=g), block_mask(n, k, block, density),
+                         block_rows=block[0], activation=activation, cache_dir=tmp_path, tile=tile)
+    second = SparseLinear(torch.randn(k, n, generator=g), torch.randn(k, generator=g),
+                          block_mask(k, n, block, density, seed=1), block_rows=block[0], cache_dir=tmp_path, tile=tile)
+    return first, second
+
+
+def _close(got, want):
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * (1 + float(want.abs().max())))
+
+
+FP32_CASES = ([(layout, "gelu", 64, 256, (1, 1), 0.1) for layout in FP32_TILES]
+              + [("rows", act, 30, 50, (1, 1), 0.3) for act in ("relu", "none")]  # k, n not whole vectors
+              + [(layout, "gelu", 96, 200, (32, 32), 0.4) for layout in FP32_TILES]
+              + [("rows", "gelu", 64, 96, (1, 1), 0.0), ("segments", "none", 64, 96, (1, 1), 1.0),
+                 ("rows", "gelu", 300, 40, (1, 1), 0.1)])  # empty, full, a narrow middle (n < k)
+
+
+@pytest.mark.parametrize("layout,activation,k,n,block,density", FP32_CASES)
+def test_fp32_pair_matches_the_two_ops_in_turn(tmp_path, layout, activation, k, n, block, density):
+    first, second = _fp32_pair(tmp_path, k, n, activation, FP32_TILES[layout], density, block)
+    fused = fused_pair(first, second, cache_dir=tmp_path)
+    assert type(fused) is FusedFp32Pair
+    for m in (1, 31, 200):  # within one tile, ragged, several tiles
+        x = torch.randn(m, k) * 3
+        with torch.no_grad():
+            got, want = fused(x), second(first(x))
+        _close(got, want)
+        _close(got, second.reference(first.reference(x)))
+    x = torch.randn(2, 7, k)  # leading dimensions kept
+    with torch.no_grad():
+        assert fused(x).shape == (2, 7, k)
+
+
+def test_fp32_pair_gradients_are_the_references(tmp_path):
+    first, second = _fp32_pair(tmp_path, 64, 96, "gelu", FP32_TILES["rows"])
+    fused = fused_pair(first, second, cache_dir=tmp_path)
+    x = torch.randn(5, 64, requires_grad=True)
+    fused(x).sum().backward()
+    want = x.detach().clone().requires_grad_()
+    second.reference(first.reference(want)).sum().backward()
+    _close(x.grad, want.grad)
+
+
+def test_fp32_pairs_refuse_mixed_kinds_and_tiles(tmp_path):
+    first, second = _fp32_pair(tmp_path, 64, 96, "none", FP32_TILES["rows"])
+    other = SparseLinear(torch.randn(64, 96), None, torch.rand(64, 96) > 0.8, cache_dir=tmp_path,
+                         tile=TileConfig(rows=4, vectors=3, single_vectors=3))
+    assert "tiles of" in why_not_fusable(first, other)
+    with pytest.raises(ValueError, match="FusedInt8Pair chains Int8SparseLinears, not SparseLinears"):
+        FusedInt8Pair(first, second)
+    fused = FusedFp32Pair(first, second, cache_dir=tmp_path)
+    x = torch.randn(20, 64)
+    with torch.no_grad():
+        want = fused(x)
+        for copied in (copy.deepcopy(fused), pickle.loads(pickle.dumps(fused))):
+            assert copied._fn is not None
+            torch.testing.assert_close(copied(x), want)

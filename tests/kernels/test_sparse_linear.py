@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sparta_explore.kernels import KernelFallbackWarning, SparseLinear, fp32_layouts
+from sparta_explore.kernels import KernelFallbackWarning, SparseLinear, bsr_codegen, fp32_layouts
 from sparta_explore.kernels import sparse_linear as sparse_linear_module
+from sparta_explore.kernels.bsr_codegen import TileConfig
 from sparta_explore.kernels.build import KernelBuildError
 
 
@@ -147,3 +148,23 @@ def test_fused_activations_hold_at_large_magnitudes(tmp_path, activation):
     got = layer(x)
     assert torch.isfinite(got).all()
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tile", [TileConfig(rows=1, vectors=1, single_vectors=1),
+                                  TileConfig(rows=2, vectors=3, single_vectors=3),
+                                  TileConfig(rows=4, vectors=2, single_vectors=2, panel=True)])
+def test_scattered_rows_with_split_accumulators_match_reference(tmp_path, tile):
+    # one-k pieces run `ways` at a time into separate accumulators (bsr_codegen._flat_loop); rows keep
+    # 0..11 scattered k's, so every remainder of every split is run, and some rows keep nothing
+    g = torch.Generator().manual_seed(7)
+    n, k = 48, 200
+    kept = torch.zeros(n, k, dtype=torch.bool)
+    for row in range(n):
+        kept[row, torch.randperm(k, generator=g)[:row % 12]] = True
+    assert "p += 4" in bsr_codegen._flat_loop(1, 1) and "p += 3" in bsr_codegen._flat_loop(1, 3)
+    assert "s1_" not in bsr_codegen._flat_loop(4, 2)  # eight chains already
+    lin = SparseLinear(torch.randn(n, k, generator=g), torch.randn(n, generator=g), kept, cache_dir=tmp_path,
+                       tile=tile)
+    assert lin.fallback_reason is None
+    for m in (1, 37, 130):
+        check(lin, m, k, seed=m)

@@ -41,7 +41,7 @@ from sparta_explore.kernels.build import (
     compiler_version,
     target_isa,
 )
-from sparta_explore.kernels.fused_ffn import DRIVER_NAME, FusedInt8Pair
+from sparta_explore.kernels.fused_ffn import DRIVER_NAME, FusedPair
 from sparta_explore.kernels.sparse_linear import KernelFallbackWarning, KernelLinear
 
 PORTABLE = frozenset({DRIVER_NAME})  # plain C with no vector code: builds for any x86-64 machine
@@ -225,6 +225,6 @@ def to_reference(module: nn.Module, why: str) -> None:
         >>> to_reference(cm.module, "load check failed")   # doctest: +SKIP
     """
     for m in module.modules():
-        if isinstance(m, (KernelLinear, FusedInt8Pair)) and m._fn is not None:
+        if isinstance(m, (KernelLinear, FusedPair)) and m._fn is not None:
             m._fn = None
             m.fallback_reason = why

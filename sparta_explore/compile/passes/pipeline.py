@@ -11,8 +11,8 @@ Order (`ORDER`, the one place that says it; each module registers its pass by na
 
 6. `memory_format`     the whole model in channels-last where that measures faster
 
-Kernel-phase passes (`fuse_int8_pairs`, `fuse_epilogue`) run inside `compile` after kernel choice
-(`compile/int8_pairs.py`, `compile/epilogue.py`).
+Kernel-phase passes (`fuse_pairs`, `fuse_epilogue`) run inside `compile` after kernel choice
+(`compile/kernel_pairs.py`, `compile/epilogue.py`).
 
 Example:
     >>> graph2, table2, reports = run_passes(graph, table, ("simplify", "fold_batchnorm"))   # doctest: +SKIP
@@ -39,12 +39,12 @@ from sparta_explore.compile.passes.base import PASSES, PassOptions, Table, decla
 from sparta_explore.fake_quant import INT_BITS
 from sparta_explore.graph import Graph
 
-declare_kernel_pass("fuse_int8_pairs", "chained int8 linears run tile by tile where that measures faster")
+declare_kernel_pass("fuse_pairs", "chained sparse linears (fp32 or int8) run tile by tile where that measures faster")
 declare_kernel_pass("fuse_epilogue", "adds, scales and the activation after an op run in its output stage")
 
 # the run order: graph passes before planning, then the kernel passes compile runs after choosing kernels
 ORDER = ("simplify", "fold_batchnorm", "constant_channels", "shrink", "attention", "attention_dims", "memory_format",
-         "fuse_int8_pairs", "fuse_epilogue")
+         "fuse_pairs", "fuse_epilogue")
 
 
 @dataclass(frozen=True)

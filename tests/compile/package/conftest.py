@@ -35,15 +35,19 @@ def _config(cache_dir, device):
 
 @pytest.fixture(scope="session")
 def fp32_model(cache_dir, device):
-    """(CompiledModel, input): an MLP whose two linears run fp32 sparse kernels (GELU fused in the first)."""
+    """(CompiledModel, input): an MLP whose two linears run fp32 sparse kernels (GELU fused in the first) as one
+    fused pair (the timing says fused)."""
     torch.manual_seed(0)
     mlp = nn.Sequential(nn.Linear(96, 192), nn.GELU(), nn.Linear(192, 64)).eval()
     table = se.TeSATable({f"{i}.weight": se.TeSA.from_mask(mask(mlp[i].weight.shape, 0.2, i)) for i in (0, 2)})
     x = torch.randn(48, 96)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("sparta_explore.compile.choose._timed", _kernels_win)
+        patch.setattr("sparta_explore.compile.kernel_pairs.fastest_ms",
+                      lambda fns, x, rounds, settle=False: {name: 1.0 if name == "fused" else 2.0 for name in fns})
         cm = se.compile(mlp, table, (x,), config=_config(cache_dir, device))
     assert set(cm.report["choice"]) == {"sparse"}, cm.report
+    assert [type(m).__name__ for m in cm.module.modules()].count("FusedFp32Pair") == 1
     return cm, x
 
 
@@ -66,7 +70,7 @@ def int8_pair_model(cache_dir, device, monkeypatch):
     """(CompiledModel, input): an int8 FFN whose two linears run as one fused pair (the timing says fused)."""
     if 8 not in device.bits or not device.blocks:
         pytest.skip("no int8 kernels on this machine (needs AVX2 and a compiler)")
-    monkeypatch.setattr("sparta_explore.compile.int8_pairs.fastest_ms",
+    monkeypatch.setattr("sparta_explore.compile.kernel_pairs.fastest_ms",
                         lambda fns, x, rounds, settle=False: {name: 1.0 if name == "fused" else 2.0 for name in fns})
     torch.manual_seed(0)
     ffn = nn.Sequential(nn.Linear(64, 192), nn.GELU(), nn.Linear(192, 48)).eval()

@@ -79,7 +79,9 @@ def test_a_cold_kernel_cache_builds_the_saved_sources(fp32_model, tmp_path):
     cold = tmp_path / "cold-cache"
     loaded = se.load(path, cache_dir=cold)
     assert loaded.record.loaded["bit_identical"]
-    assert len(list((cold / "kernels").glob("*.so"))) == 2  # built here, from the package's C
+    assert len(list((cold / "kernels").glob("*.so"))) == 3  # built here, from the package's C: 2 ops, the pair's driver
+    pair = next(m for m in loaded.modules() if type(m).__name__ == "FusedFp32Pair")
+    assert pair._fn is not None and pair.fallback_reason is None
     assert torch.equal(_run(loaded, x), _run(cm, x))
 
 
@@ -121,6 +123,8 @@ def test_a_package_from_another_instruction_set_is_generated_again_here(fp32_mod
         kernels = [m for m in loaded.modules() if isinstance(m, KernelLinear)]
         assert kernels and all(k._fn is not None for k in kernels)
         assert not {k.built.key for k in kernels} & saved_keys  # new sources, for the other vector width
+        pairs = [m for m in loaded.modules() if type(m).__name__ == "FusedFp32Pair"]
+        assert all(p._fn is not None for p in pairs)  # rebound to the rebuilt ops
         want = _run(cm, x)
         assert float((y - want).abs().max()) <= 1e-4 * (1 + float(want.abs().max()))
 

@@ -1,9 +1,10 @@
-"""Fusion pass of `compile`: a chain of two int8 kernels becomes one tile-by-tile pair where it measures faster.
+"""Fusion pass of `compile`: a chain of two sparse kernels becomes one tile-by-tile pair where it measures faster.
 
-After every op has its kernel, a linear compiled to a row-major `Int8SparseLinear` whose only
-reader is another such linear (a BERT FFN: fc1 with its GELU fused, then fc2) is timed
-against `FusedInt8Pair` on the op's recorded input (interleaved, fastest kept, as candidates
-are). Where the pair is faster, the second op's module becomes the pair, its node reads the
+After every op has its kernel, a linear compiled to a row-major `SparseLinear` or
+`Int8SparseLinear` whose only reader is another of the same kind and tile (a BERT FFN: fc1
+with its GELU fused, then fc2) is timed against its fused pair (`kernels/fused_ffn.py`:
+`FusedFp32Pair`, `FusedInt8Pair`) on the op's recorded input (interleaved, fastest kept, as
+candidates are). Where the pair is faster, the second op's module becomes the pair, its node reads the
 first op's input, and the first op's node goes; both ops say so in their notes, and so do
 pairs left apart (with both times).
 
@@ -22,7 +23,7 @@ from torch import nn
 
 from sparta_explore.device import fastest_ms
 from sparta_explore.kernels.build import KernelBuildError
-from sparta_explore.kernels.fused_ffn import FusedInt8Pair, why_not_fusable
+from sparta_explore.kernels.fused_ffn import fused_pair, why_not_fusable
 from sparta_explore.module_tree import set_module
 from sparta_explore.plan import OpPlan
 from sparta_explore.plan.sites import OUT_IN
@@ -45,7 +46,7 @@ def _chained(calls: Mapping[str, fx.Node], first: OpPlan, by_node: Mapping[str, 
 
 def fuse_pairs(gm: fx.GraphModule, planned: list[OpPlan], compiled: dict[str, nn.Module],
                op_inputs: Mapping[str, torch.Tensor], runs: int, cache_dir: str | os.PathLike | None) -> None:
-    """Fuse, in `gm` and `compiled`, every chained int8 pair that runs faster fused (see the module docstring)."""
+    """Fuse, in `gm` and `compiled`, every chained kernel pair that runs faster fused (see the module docstring)."""
     by_node = {op.op: op for op in planned if op.op in compiled}
     calls = {n.target: n for n in gm.graph.nodes if n.op == "call_module"}
     for first in planned:
@@ -59,7 +60,7 @@ def fuse_pairs(gm: fx.GraphModule, planned: list[OpPlan], compiled: dict[str, nn
         if b is None or why_not_fusable(a, b) is not None:
             continue
         try:
-            fused = FusedInt8Pair(a, b, cache_dir=cache_dir)
+            fused = fused_pair(a, b, cache_dir=cache_dir)
         except (KernelBuildError, OSError, ValueError) as e:
             first.fell_back(f"fusion with {second.op!r} failed to build ({e})")
             continue
