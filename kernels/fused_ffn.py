@@ -14,7 +14,9 @@ own tables); the driver gets their entry points as pointers.
   multiply-adds per inlining context), so a value exactly halfway between two of fc2's grid
   levels can round the other way (about 1 row in 1000 in tests).
 
-`reference` runs the two ops' references one after the other.
+`reference` runs the two ops' references one after the other. Below `WHOLE_TILES` tiles of M
+per thread a pair runs its two ops apart: there each op's own driver splits its row chunks over
+threads, while the pair's only parallelism is over tiles of M (slower at M = 128).
 
 Example:
     >>> ffn = fused_pair(fc1, fc2)  # doctest: +SKIP
@@ -36,6 +38,7 @@ from sparta_explore.kernels.compiled_op import CompiledOp
 from sparta_explore.kernels.sparse_linear import Int8SparseLinear, KernelLinear, SparseLinear
 
 DRIVER_NAME = "fused_pair"  # the driver library (plain C: no vector code, so it builds for any x86-64 CPU)
+WHOLE_TILES = 4  # tiles of M per thread from which a kernel's driver runs whole tiles (templates/fp32_driver.c)
 
 
 class _Layer(ctypes.Structure):  # `struct layer` of fused_driver.c
@@ -67,6 +70,10 @@ class FusedPair(CompiledOp):
 
     op_type: type[KernelLinear]
     symbol: str  # the kernel's function name in its library: its fused entry points are symbol_*
+    # True: at `runs_fused` M the pair is the two ops' own work minus the intermediate's trip, so it is never
+    # slower and compile fuses it without timing; False: it packs differently, and compile times it
+    less_work: bool = False
+    whole_tiles: int = WHOLE_TILES  # per thread, from which it runs fused; each pair keeps (and saves) its own
     fallback_reason: str | None = None  # set when a copy could not bind the pair: the two ops then run in turn
 
     def __init__(self, first: KernelLinear, second: KernelLinear, cache_dir: str | os.PathLike | None = None) -> None:
@@ -78,6 +85,7 @@ class FusedPair(CompiledOp):
             raise ValueError(f"cannot fuse: {why}")
         self.first, self.second = first, second
         self.in_features, self.out_features = first.in_features, second.out_features
+        self.whole_tiles = type(self).whole_tiles
         self.built: BuiltLibrary = build(c_text("fused_driver.c"), DRIVER_NAME, cache_dir=cache_dir)
         self._bind(self.built.lib)
 
@@ -98,11 +106,21 @@ class FusedPair(CompiledOp):
     def _call(self, x2: torch.Tensor, y: torch.Tensor) -> None:
         raise NotImplementedError(f"{type(self).__name__} names no driver call")
 
+    def runs_fused(self, rows: int) -> bool:
+        """Whether `rows` rows of M run through the fused driver (else the two ops run apart, see the module).
+
+        Example:
+            >>> pair.runs_fused(4096), pair.runs_fused(128)  # doctest: +SKIP
+            (True, False)
+        """
+        return -(-rows // self.first._tile) >= self.whole_tiles * torch.get_num_threads()
+
     def _fast(self, x: torch.Tensor) -> torch.Tensor:
-        if self._fn is None:  # unbound (loaded without a compiler, or its ops rebuilt apart): one after the other
-            return self.second(self.first(x))
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features).contiguous()
+        x2 = x.reshape(-1, self.in_features)
+        if self._fn is None or not self.runs_fused(x2.shape[0]):  # unbound, or few tiles: one after the other
+            return self.second(self.first(x))
+        x2 = x2.contiguous()
         y = output_pool.take((x2.shape[0], self.out_features))
         self._call(x2, y)
         return y.reshape(*lead, self.out_features)
@@ -168,6 +186,7 @@ class FusedFp32Pair(FusedPair):
 
     op_type = SparseLinear
     symbol = "sparse_linear"
+    less_work = True  # the same run_item calls as the two ops, without fc1's unpack and fc2's pack
     exact_grad = True  # backward runs the two references: exact gradients
 
     def _bind_driver(self, lib: ctypes.CDLL, a: ctypes.CDLL, b: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, tuple]:

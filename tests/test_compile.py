@@ -93,10 +93,12 @@ PAIR_KINDS = {"int8": ("FusedInt8Pair", 8), "sparse": ("FusedFp32Pair", 32)}
 
 @pytest.mark.parametrize("kind", sorted(PAIR_KINDS))
 @pytest.mark.parametrize("faster", ["fused", "apart"])
-def test_chained_linears_fuse_where_the_pair_measures_faster(device, cache_dir, monkeypatch, faster, kind):
+def test_chained_linears_fuse_where_the_pair_is_faster(device, cache_dir, monkeypatch, faster, kind):
+    """int8 pairs as their timing says; fp32 pairs always, untimed (their work is the two ops' minus a trip)."""
     pair, bits = PAIR_KINDS[kind]
     if bits not in device.bits or not device.blocks:
         pytest.skip(f"no {bits}-bit kernels on this machine")
+    monkeypatch.setattr("sparta_explore.kernels.fused_ffn.FusedPair.whole_tiles", 0)  # 100 rows: fused
     model = nn.Sequential(nn.Linear(64, 192), nn.GELU(), nn.Linear(192, 48)).eval()
     x = torch.randn(100, 64)
     g = se.capture(model, (x,))
@@ -107,6 +109,7 @@ def test_chained_linears_fuse_where_the_pair_measures_faster(device, cache_dir, 
                               "_1": se.TeSA.dense((1, 192), bits=8)})
 
     def timed(fns, x, rounds, settle=False):  # the decision is the pass's; what the clock says is the test's
+        assert bits == 8, "an fp32 pair is fused without timing"
         return {name: (1.0 if name == faster else 2.0) for name in fns}
 
     monkeypatch.setattr("sparta_explore.compile.kernel_pairs.fastest_ms", timed)
@@ -117,12 +120,14 @@ def test_chained_linears_fuse_where_the_pair_measures_faster(device, cache_dir, 
     first, second = cm.plan.ops["_0"], cm.plan.ops["_2"]
     assert first.activation == "gelu"
     fused = [type(m).__name__ for m in cm.module.modules()].count(pair)
-    if faster == "fused":
+    if faster == "fused" or bits == 32:
         assert fused == 1 and "fused with '_2'" in " ".join(first.notes) and "inside '_0'" in " ".join(second.notes)
         assert [n.op for n in cm.module.graph.nodes].count("call_module") == 1
     else:
         assert fused == 0 and "kept apart" in " ".join(first.notes)
     assert cm.checks["passed"].all()
+    if bits == 32:
+        assert "not timed" in " ".join(first.notes)
     with torch.no_grad():
         w1, w2 = model[0].weight * kept["0.weight"], model[2].weight * kept["2.weight"]
         linear = quantized_linear if bits == 8 else nn.functional.linear
@@ -130,6 +135,27 @@ def test_chained_linears_fuse_where_the_pair_measures_faster(device, cache_dir, 
         # int8 tolerance: a tie in fc2's input grid may round either way after fc1's last bit
         atol = (2e-2 if bits == 8 else 1e-5) * (1 + float(want.abs().max()))
         torch.testing.assert_close(cm(x), want, rtol=0, atol=atol)
+
+
+def test_int8_pairs_at_too_few_tiles_are_not_tried(device, cache_dir, monkeypatch):
+    if 8 not in device.bits or not device.blocks:
+        pytest.skip("no int8 kernels on this machine")
+    model = nn.Sequential(nn.Linear(64, 192), nn.GELU(), nn.Linear(192, 48)).eval()
+    x = torch.randn(20, 64)  # one tile of M: the pair would run its two ops apart
+    g = se.capture(model, (x,))
+    table = se.TeSATable({"0.weight": se.TeSA.from_mask(torch.rand(192, 64) > 0.8, bits=8),
+                          "2.weight": se.TeSA.from_mask(torch.rand(48, 192) > 0.8, bits=8),
+                          g.inputs[0]: se.TeSA.dense((1, 64), bits=8), "_1": se.TeSA.dense((1, 192), bits=8)})
+
+    def timed(fns, x, rounds, settle=False):
+        raise AssertionError("nothing to time: the pair would run apart")
+
+    monkeypatch.setattr("sparta_explore.compile.kernel_pairs.fastest_ms", timed)
+    monkeypatch.setattr("sparta_explore.compile.choose._timed",
+                        lambda op, fns, x, runs: {name: 2.0 if name == "dense" else 1.0 for name in fns})
+    cm = compile(model, table, (x,), device=device, cache_dir=cache_dir, tune=False, kernels={"int8"}, guard=False)
+    assert "too few tiles" in " ".join(cm.plan.ops["_0"].notes)
+    assert not any(type(m).__name__ == "FusedInt8Pair" for m in cm.module.modules())
 
 
 def test_digits_cnn_compiles_convs_and_linears(device, cache_dir):

@@ -1,12 +1,15 @@
-"""Fusion pass of `compile`: a chain of two sparse kernels becomes one tile-by-tile pair where it measures faster.
+"""Fusion pass of `compile`: a chain of two sparse kernels becomes one tile-by-tile pair where that is faster.
 
 After every op has its kernel, a linear compiled to a row-major `SparseLinear` or
 `Int8SparseLinear` whose only reader is another of the same kind and tile (a BERT FFN: fc1
-with its GELU fused, then fc2) is timed against its fused pair (`kernels/fused_ffn.py`:
-`FusedFp32Pair`, `FusedInt8Pair`) on the op's recorded input (interleaved, fastest kept, as
-candidates are). Where the pair is faster, the second op's module becomes the pair, its node reads the
-first op's input, and the first op's node goes; both ops say so in their notes, and so do
-pairs left apart (with both times).
+with its GELU fused, then fc2) can run as one fused pair (`kernels/fused_ffn.py`:
+`FusedFp32Pair`, `FusedInt8Pair`). An fp32 pair does the two ops' own work minus the
+intermediate's trip (`FusedPair.less_work`: fc1's output tile is fc2's packed input) and is
+fused without timing. An int8 pair packs differently: it is timed against the two ops on the
+op's recorded input (interleaved, fastest kept, as candidates are), and left apart where the
+op's M is too few tiles to run fused (`runs_fused`). Where fused, the second op's module
+becomes the pair, its node reads the first op's input, and the first op's node goes; both
+ops say so in their notes, and so do pairs left apart (with both times).
 
 Example:
     >>> fuse_pairs(gm, planned, compiled, op_inputs, runs=5, cache_dir=None)  # doctest: +SKIP
@@ -65,12 +68,20 @@ def fuse_pairs(gm: fx.GraphModule, planned: list[OpPlan], compiled: dict[str, nn
             first.fell_back(f"fusion with {second.op!r} failed to build ({e})")
             continue
         fused.label = f"{first.op}+{second.op}"
-        with torch.inference_mode():
-            times = fastest_ms({"apart": nn.Sequential(a, b), "fused": fused}, op_inputs[first.op], runs, settle=True)
-        said = f"apart {times['apart']:.3f} ms, fused {times['fused']:.3f} ms"
-        if not times["fused"] < times["apart"]:
-            first.notes.append(f"fusion with {second.op!r} measured slower ({said}): kept apart")
+        x = op_inputs[first.op]
+        rows = x.numel() // max(1, a.in_features)
+        if fused.less_work:
+            said = "not timed: the two ops' own work without the intermediate's unpack and pack"
+        elif not fused.runs_fused(rows):
+            first.notes.append(f"fusion with {second.op!r} not tried: {rows} rows are too few tiles to fuse")
             continue
+        else:
+            with torch.inference_mode():
+                times = fastest_ms({"apart": nn.Sequential(a, b), "fused": fused}, x, runs, settle=True)
+            said = f"apart {times['apart']:.3f} ms, fused {times['fused']:.3f} ms"
+            if not times["fused"] < times["apart"]:
+                first.notes.append(f"fusion with {second.op!r} measured slower ({said}): kept apart")
+                continue
         user = next(iter(node.users))  # the second op's node stays (it names the pair's output), reading the input
         set_module(gm, user.target, fused)
         user.args = node.args

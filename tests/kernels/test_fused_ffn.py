@@ -10,11 +10,17 @@ from torch import nn
 from sparta_explore.kernels import Int8SparseLinear, SparseLinear
 from sparta_explore.kernels.bsr_codegen import TileConfig
 from sparta_explore.kernels.build import cpu_flags
-from sparta_explore.kernels.fused_ffn import FusedFp32Pair, FusedInt8Pair, fused_pair, why_not_fusable
+from sparta_explore.kernels.fused_ffn import FusedFp32Pair, FusedInt8Pair, FusedPair, fused_pair, why_not_fusable
 
 from .test_sparse_linear import block_mask
 
 pytestmark = pytest.mark.skipif("avx2" not in cpu_flags(), reason="int8 kernels need AVX2")
+
+
+@pytest.fixture(autouse=True)
+def fused_at_every_m(monkeypatch):
+    """Pairs run their fused driver at any M here (at few tiles they run apart: see the test of that below)."""
+    monkeypatch.setattr(FusedPair, "whole_tiles", 0)
 
 VARIANTS = {"auto": {}, "int16": {"dot": None}, "u8": {"dot": None, "weight_bits": 4},
             "vnni-emulated": {"dot": "avx512_vnni", "emulate_dot": True}}
@@ -156,3 +162,25 @@ def test_fp32_pairs_refuse_mixed_kinds_and_tiles(tmp_path):
         for copied in (copy.deepcopy(fused), pickle.loads(pickle.dumps(fused))):
             assert copied._fn is not None
             torch.testing.assert_close(copied(x), want)
+
+
+def test_few_tiles_run_the_two_ops_apart(tmp_path, monkeypatch):
+    # below whole_tiles tiles of M per thread each op's driver splits its chunks over threads: the pair runs
+    # them in turn there, and its own driver only above
+    monkeypatch.setattr(FusedPair, "whole_tiles", 4)
+    first, second = _fp32_pair(tmp_path, 64, 96, "gelu", FP32_TILES["rows"])
+    fused = fused_pair(first, second, cache_dir=tmp_path)
+    assert fused.whole_tiles == 4
+    calls = []
+    driver = fused._fn
+    fused._fn = lambda *args: (calls.append(args[2]), driver(*args))
+    many = first._tile * 4 * torch.get_num_threads()
+    few = many - first._tile  # one tile fewer
+    assert not fused.runs_fused(few) and fused.runs_fused(many)
+    for m in (few, many):
+        x = torch.randn(m, 64)
+        with torch.no_grad():
+            _close(fused(x), second(first(x)))
+    assert calls == [many]
+    saved = pickle.loads(pickle.dumps(fused))
+    assert saved.whole_tiles == 4 and saved.runs_fused(many)

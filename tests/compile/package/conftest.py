@@ -6,6 +6,7 @@ from torch import nn
 
 import sparta_explore as se
 from sparta_explore.compile.config import CompileConfig
+from sparta_explore.kernels.fused_ffn import FusedPair
 
 
 class ConvNet(nn.Module):
@@ -43,8 +44,7 @@ def fp32_model(cache_dir, device):
     x = torch.randn(48, 96)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("sparta_explore.compile.choose._timed", _kernels_win)
-        patch.setattr("sparta_explore.compile.kernel_pairs.fastest_ms",
-                      lambda fns, x, rounds, settle=False: {name: 1.0 if name == "fused" else 2.0 for name in fns})
+        patch.setattr(FusedPair, "whole_tiles", 0)  # runs fused at 48 rows (and keeps that when saved)
         cm = se.compile(mlp, table, (x,), config=_config(cache_dir, device))
     assert set(cm.report["choice"]) == {"sparse"}, cm.report
     assert [type(m).__name__ for m in cm.module.modules()].count("FusedFp32Pair") == 1
@@ -72,6 +72,7 @@ def int8_pair_model(cache_dir, device, monkeypatch):
         pytest.skip("no int8 kernels on this machine (needs AVX2 and a compiler)")
     monkeypatch.setattr("sparta_explore.compile.kernel_pairs.fastest_ms",
                         lambda fns, x, rounds, settle=False: {name: 1.0 if name == "fused" else 2.0 for name in fns})
+    monkeypatch.setattr(FusedPair, "whole_tiles", 0)  # runs fused at 100 rows (and keeps that when saved)
     torch.manual_seed(0)
     ffn = nn.Sequential(nn.Linear(64, 192), nn.GELU(), nn.Linear(192, 48)).eval()
     x = torch.randn(100, 64)
