@@ -216,7 +216,8 @@ def finish_tile(act: str, before_unpack: str = "") -> str:
 {before_unpack}            if (Y) unpack_tile(yb, Y, m0, mt, C_N0[c0], C_N1[c1 - 1], P);  /* NULL: fused, yb read */"""
 
 
-_WIDE_NAMES = {"vf": "wf", "vi": "wi", "vsel": "wsel", "vexp_neg": "wexp_neg", "vgelu": "wgelu", "vsilu": "wsilu",
+_WIDE_NAMES = {"vf": "wf", "vi": "wi", "vsel": "wsel", "vrcp": "wrcp", "vexp_neg": "wexp_neg", "vgelu": "wgelu",
+               "vsilu": "wsilu",
                "LD": "WLD", "ST": "WST"}
 
 
@@ -231,7 +232,8 @@ def widen(c: str) -> str:
         'v = wsel(v > zero, v, zero);'
     """
     out = re.sub(r"\b(" + "|".join(_WIDE_NAMES) + r")\b", lambda m: _WIDE_NAMES[m.group(1)], c)
-    return out.replace("VEC * 4", "64")
+    # a wide vector is 16 floats whatever VEC says (the prelude's `#if VEC == ...` picks its intrinsics)
+    return out.replace("VEC * 4", "64").replace("VEC == 16", "1").replace("VEC == 8", "0")
 
 
 def act_rows_wide(act: str) -> str:

@@ -8,6 +8,18 @@ typedef int32_t vi __attribute__((vector_size(VEC * 4), aligned(4)));
 
 static inline vf vsel(vi mask, vf a, vf b) { return (vf)(((vi)a & mask) | ((vi)b & ~mask)); }
 
+/* 1 / d for d in [1, 2^20] (GELU's and SiLU's denominators): the CPU's reciprocal estimate (2^-14 or
+   2^-12) and one Newton step (2^-23 or better). A vector division cost GELU a third of its cycles. */
+#if VEC == 16 && defined(__AVX512F__)
+#include <immintrin.h>
+static inline vf vrcp(vf d) { const vf r = (vf)_mm512_rcp14_ps((__m512)d); return r * (2.0f - d * r); }
+#elif VEC == 8 && defined(__AVX__)
+#include <immintrin.h>
+static inline vf vrcp(vf d) { const vf r = (vf)_mm256_rcp_ps((__m256)d); return r * (2.0f - d * r); }
+#else
+static inline vf vrcp(vf d) { return 1.0f / d; }
+#endif
+
 static inline vf vexp_neg(vf y) {
     /* exp(y) for y <= 0: 2^n * exp(r), |r| <= ln2/2, degree-6 polynomial; n rounded by adding
        1.5 * 2^23 (its low bits are n). y is clamped at -80: results stay far from denormals,
@@ -30,7 +42,7 @@ static inline vf vsilu(vf x) {
        e / (1 + e) below; exp(-|x|) < e^-80 reads as e^-80, off by < 1e-34 */
     const vf zero = x - x, one = zero + 1.0f;
     const vf e = vexp_neg((vf)((vi)x | INT32_MIN));  /* -|x|: the sign bit set */
-    const vf s = one / (one + e);
+    const vf s = vrcp(one + e);
     return x * vsel(x < zero, e * s, s);
 }
 
@@ -40,7 +52,7 @@ static inline vf vgelu(vf x) {
        cycles than 0.5 x (1 + erf(x / sqrt 2)) with a signed erf) */
     const vf zero = x - x, one = zero + 1.0f;
     const vf a = (vf)((vi)x & 0x7fffffff) * 0.70710678118654752f;
-    const vf t = one / (one + 0.3275911f * a);
+    const vf t = vrcp(one + 0.3275911f * a);
     const vf p = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
     const vf y = a * -a;
     const vf q = vsel(y < zero - 80.0f, zero, 0.5f * p * vexp_neg(y));  /* Phi(-|x|) < 1e-35: exactly 0 */

@@ -1,0 +1,90 @@
+/* Scattered int8 linear with the weights in registers and the activations permuted (kernels/permute_int8.py).
+   Rows n in blocks of 16 (one int32 lane each), k in windows of 64 (one vector of u8 x for one row of M).
+   A block's steps each hold a weight vector (lane i: 4 of row i's kept weights in one window) and a byte
+   permutation (lane i: their 4 k inside the window): per row m of a tile of 16, vperm gathers those x and
+   vdot adds the 4 products into lane i. Y is written row-major, dequantized, as the accumulators finish. */
+#define VEC 16
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+${prelude}
+${dot}
+#define MT 16  /* rows of M per tile: one accumulator each */
+typedef uint8_t vu8 __attribute__((vector_size(16)));
+
+static void quantize_tile(const float *X, uint8_t *xq, float *sx, long m0, long mt, long K, long K_PAD) {
+    /* row t: scale max|x| / QMAX (1 for a zero row), q = round-half-even(x / scale) + 128; padding k and rows: 128 */
+    const vf zero = {0}, magic = zero + 12582912.0f, top = zero + QMAX;
+    for (long t = 0; t < MT; ++t) {
+        uint8_t *dst = xq + t * K_PAD;
+        if (t >= mt) { memset(dst, 128, K_PAD); sx[t] = 1.0f; continue; }
+        const float *src = X + (m0 + t) * K;
+        vf m = zero;
+        long k = 0;
+        for (; k + VEC <= K; k += VEC) {  /* |x| by the sign bit, max in vectors (a scalar loop does not vectorize) */
+            vf v; memcpy(&v, src + k, sizeof v);
+            v = (vf)((vi)v & 0x7fffffff);
+            m = vsel(v > m, v, m);
+        }
+        float amax = 0.0f;
+        for (long i = 0; i < VEC; ++i) amax = m[i] > amax ? m[i] : amax;
+        for (; k < K; ++k) { const float a = src[k] < 0 ? -src[k] : src[k]; amax = a > amax ? a : amax; }
+        const float s = amax > 0.0f ? amax / QMAX : 1.0f;
+        sx[t] = s;
+        for (k = 0; k + VEC <= K; k += VEC) {
+            vf v; memcpy(&v, src + k, sizeof v);
+            v = (v / s + magic) - magic;
+            v = vsel(v > top, top, v);
+            v = vsel(v < -top, -top, v);
+            const vu8 q = __builtin_convertvector(__builtin_convertvector(v, vi) + 128, vu8);
+            memcpy(dst + k, &q, sizeof q);
+        }
+        for (; k < K; ++k) {
+            float q = ((src[k] / s) + 12582912.0f) - 12582912.0f;
+            q = q > QMAX ? QMAX : (q < -QMAX ? -QMAX : q);
+            dst[k] = (uint8_t)((int)q + 128);
+        }
+        memset(dst + K, 128, K_PAD - K);
+    }
+}
+
+void permute_int8(const float *X, float *Y, long M, long K, long N, const VD *idx, const VD *w, const int32_t *win,
+                  const int64_t *s_ptr, const int32_t *corr, const float *ws, const float *bias) {
+    const long K_PAD = (K + 63) / 64 * 64, blocks = (N + 15) / 16, tiles = (M + MT - 1) / MT;
+    /* few tiles of M: each tile's blocks are split over threads too (the tile is quantized per item) */
+    const long want = 4L * omp_get_max_threads();
+    const long split = tiles >= want ? 1 : (want + tiles - 1) / tiles < blocks ? (want + tiles - 1) / tiles : blocks;
+    #pragma omp parallel
+    {
+        uint8_t *xq = aligned_alloc(64, MT * K_PAD);
+        float sx[MT];
+        long quantized = -1;
+        #pragma omp for schedule(static)
+        for (long item = 0; item < tiles * split; ++item) {
+            const long tile = item / split, part = item % split, m0 = tile * MT;
+            const long mt = M - m0 < MT ? M - m0 : MT;
+            const long b0 = blocks * part / split, b1 = blocks * (part + 1) / split;
+            if (quantized != tile) { quantize_tile(X, xq, sx, m0, mt, K, K_PAD); quantized = tile; }
+            for (long b = b0; b < b1; ++b) {
+${acc}
+                for (long s = s_ptr[b]; s < s_ptr[b + 1]; ++s) {
+                    const VD I = idx[s], V = w[s];
+                    const uint8_t *xw = xq + (long)win[s] * 64;
+${dots}
+                }
+                const long n0 = b * 16, nn = N - n0 < 16 ? N - n0 : 16;
+                VD cv;
+                vf wsv, bv;
+                for (long i = 0; i < 16; ++i) {  /* rows past N: their sums are 0 and never stored */
+                    cv[i] = i < nn ? corr[n0 + i] : 0;
+                    wsv[i] = i < nn ? ws[n0 + i] : 0.0f;
+                    bv[i] = i < nn && bias ? bias[n0 + i] : 0.0f;
+                }
+                const vf zero = {0}; const vf one = zero + 1.0f; (void)one;
+${stores}
+            }
+        }
+        free(xq);
+    }
+}
