@@ -12,7 +12,9 @@ B sequences of 128 (M = 4096: (32, 128, K); M = 128: (1, 128, K)); DeepSparse co
 M one-row samples (slower: issue 27 measured 1.2-1.8x; `--no-2d` leaves it out).
 
 Ours is measured first (in this venv, `--threads` threads): fp32 `SparseLinear` (tile search),
-int8 `Int8SparseLinear` (activations quantized per row at run time, weights per output row),
+int8 as compile builds it for the pattern (`int8_kernel_for`: the permute kernel on scattered rows where
+the CPU has AVX-512 VBMI, else the quad kernels of `Int8SparseLinear`; activations quantized per row at
+run time, weights per output row),
 the FFN block compiled from a pruning table (+ an 8-bit quantizer table for int8). Each case
 builds into a fresh, empty kernel cache dir (`cache_dir=`): `ours_build_s` is the cold build,
 tile search, C compile and check included (for the FFN block, `compile` with its measured
@@ -63,8 +65,9 @@ from kernels import medians, pattern_mask  # benchmarks/kernels.py: this script'
 from sparta_explore.compile import compile
 from sparta_explore.compile.config import CompileConfig
 from sparta_explore.device import DeviceProfile, cpu_model
-from sparta_explore.kernels import Int8SparseLinear, SparseLinear, cpu_flags, set_target_isa, target_isa
+from sparta_explore.kernels import SparseLinear, cpu_flags, set_target_isa, target_isa
 from sparta_explore.kernels.build import ISA_CEILINGS
+from sparta_explore.kernels.permute_int8 import int8_kernel_for
 from sparta_explore.pruners import masks_to_table
 from sparta_explore.quantizers import quantize
 from sparta_explore.quantizers.uniform import UniformQuantConfig
@@ -151,7 +154,8 @@ def run_linear(case: Case, repeats: int, cache_dir: str) -> dict[str, np.ndarray
         if case.prec == "fp32":
             ours = SparseLinear(w, b, kept, block_rows=rows, tile="auto", expected_m=case.m, cache_dir=cache_dir)
         else:
-            ours = Int8SparseLinear(w, b, kept, block_rows=rows, expected_m=case.m, cache_dir=cache_dir)
+            kind = int8_kernel_for(kept.numpy())  # what compile builds for this pattern on this CPU
+            ours = kind(w, b, kept, block_rows=rows, expected_m=case.m, cache_dir=cache_dir)
         case.ours_build_s = time.perf_counter() - start
         if case.prec == "fp32":
             case.notes.append("fallback: " + str(ours.fallback_reason) if ours.fallback_reason else "sparse fp32")

@@ -8,6 +8,9 @@ own tables); the driver gets their entry points as pointers.
 
 * fp32 (`FusedFp32Pair`, two `SparseLinear`): fc1's output tile (N x TILE, K-major) is fc2's
   packed input tile as it is: nothing is packed between them.
+* permute int8 (`FusedPermutePair`, two `PermutedInt8Linear`, kernels/permute_int8.py): per tile of 16
+  rows of M, fc1's rows go to a 16 x N1 float buffer (in L2), quantized per row exactly as fc2
+  quantizes its input, then fc2 writes its rows of Y: the same arithmetic as the two ops.
 * int8 (`FusedInt8Pair`, two `Int8SparseLinear`): fc2 packs fc1's tile on its own grids
   (`..._pack_kmajor`, each row of M on its own grid as fc2's own packing would give it). fc1's
   fp32 outputs can differ from the unfused build's in the last bit (the compiler contracts
@@ -35,6 +38,7 @@ from sparta_explore.kernels import output_pool
 from sparta_explore.kernels.build import BuiltLibrary, KernelBuildError, build, load_library
 from sparta_explore.kernels.c_templates import c_text
 from sparta_explore.kernels.compiled_op import CompiledOp
+from sparta_explore.kernels.permute_int8 import PermutedInt8Linear
 from sparta_explore.kernels.sparse_linear import Int8SparseLinear, KernelLinear, SparseLinear
 
 DRIVER_NAME = "fused_pair"  # the driver library (plain C: no vector code, so it builds for any x86-64 CPU)
@@ -212,7 +216,31 @@ class FusedFp32Pair(FusedPair):
                  unpack)
 
 
-PAIRS: dict[type, type[FusedPair]] = {Int8SparseLinear: FusedInt8Pair, SparseLinear: FusedFp32Pair}
+class FusedPermutePair(FusedPair):
+    """Two `PermutedInt8Linear` tile by tile: first's rows of a tile stay in L2, quantized there for second."""
+
+    op_type = PermutedInt8Linear
+    symbol = "permute_int8"
+    exact_grad = False  # int8 kernels: rounding has no useful gradient
+    less_work = True  # the two ops' own code, without the M x N1 float intermediate in memory
+
+    def _bind_driver(self, lib: ctypes.CDLL, a: ctypes.CDLL, b: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, tuple]:
+        fn = lib.fused_pair_permute
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_long] * 5 + [ctypes.c_void_p] * 5
+        s = self.symbol
+        return fn, (_entry(a, f"{s}_quantize"), _entry(a, f"{s}_tile"), _entry(b, f"{s}_tile"))
+
+    def _call(self, x2: torch.Tensor, y: torch.Tensor) -> None:
+        quantize, run_a, run_b = self._entries
+        a, b = self.first, self.second
+        la, lb = a.layer(), b.layer()
+        self._fn(x2.data_ptr(), y.data_ptr(), x2.shape[0], a.in_features, a.out_features, b.out_features, a._tile,
+                 quantize, run_a, ctypes.byref(la), run_b, ctypes.byref(lb))
+
+
+PAIRS: dict[type, type[FusedPair]] = {Int8SparseLinear: FusedInt8Pair, SparseLinear: FusedFp32Pair,
+                                      PermutedInt8Linear: FusedPermutePair}
 
 
 def why_not_fusable(first: torch.nn.Module, second: torch.nn.Module) -> str | None:
@@ -220,9 +248,10 @@ def why_not_fusable(first: torch.nn.Module, second: torch.nn.Module) -> str | No
 
     Example:
         >>> why_not_fusable(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
-        'Linear is not a row-major SparseLinear or Int8SparseLinear'
+        'Linear is not a row-major SparseLinear, Int8SparseLinear or PermutedInt8Linear'
     """
-    kinds = " or ".join(t.__name__ for t in reversed(PAIRS))
+    names = [t.__name__ for t in (SparseLinear, Int8SparseLinear, PermutedInt8Linear)]
+    kinds = ", ".join(names[:-1]) + " or " + names[-1]
     for op in (first, second):
         if type(op) not in PAIRS:
             return f"{type(op).__name__} is not a row-major {kinds}"
@@ -244,7 +273,7 @@ def fused_pair(first: KernelLinear, second: KernelLinear, cache_dir: str | os.Pa
         >>> fused_pair(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
         Traceback (most recent call last):
         ...
-        ValueError: cannot fuse: Linear is not a row-major SparseLinear or Int8SparseLinear
+        ValueError: cannot fuse: Linear is not a row-major SparseLinear, Int8SparseLinear or PermutedInt8Linear
     """
     why = why_not_fusable(first, second)
     if why is not None:

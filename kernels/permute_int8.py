@@ -109,20 +109,36 @@ def prefers_permute(kept: np.ndarray) -> bool:
     return 2 * ROWS * steps * 1.0 < PERMUTE_EDGE * quads
 
 
+class PermuteLayer(ctypes.Structure):  # `struct permute_layer` of templates/permute_int8.c
+    _fields_ = [(name, ctypes.c_void_p) for name in ("idx", "w", "win", "s_ptr", "corr", "ws", "bias")]
+
+
+def int8_kernel_for(kept: np.ndarray) -> type[Int8SparseLinear]:
+    """The int8 linear kernel for this pattern here: the permute kernel where the CPU has it and
+    `prefers_permute`, else the quad kernels (both compute `Int8SparseLinear.reference`).
+
+    Example:
+        >>> int8_kernel_for(np.ones((16, 64), bool)).__name__
+        'Int8SparseLinear'
+    """
+    return PermutedInt8Linear if has_permute() and prefers_permute(kept) else Int8SparseLinear
+
+
 def _source(activation: str, act_bits: int, emulate: bool) -> str:
-    acc = "                VD " + ", ".join(f"a{t} = {{0}}" for t in range(ROWS)) + ";"
-    dots = "\n".join(f"                    a{t} = vdot(a{t}, vperm(I, vload64(xw + {t} * K_PAD)), V);"
-                     for t in range(ROWS))
+    acc = "        VD " + ", ".join(f"a{t} = {{0}}" for t in range(ROWS)) + ";"
+    dots = "\n".join(f"            a{t} = vdot(a{t}, vperm(I, vload64(xw + {t} * K_PAD)), V);" for t in range(ROWS))
     store = []
     for t in range(ROWS):
-        store.append(f"""                if ({t} < mt) {{
-                    vf v = __builtin_convertvector(a{t} - cv, vf) * sx[{t}] * wsv + bv; {_ACTIVATIONS[activation]}
-                    float *dst = Y + (m0 + {t}) * N + n0;
-                    if (nn == 16) memcpy(dst, &v, sizeof v); else for (long i = 0; i < nn; ++i) dst[i] = v[i];
-                }}""")
+        store.append(f"""        if ({t} < mt) {{
+            const vf v = __builtin_convertvector(a{t} - cv, vf) * sx[{t}] * wsv + bv;
+            float *dst = Y + (m0 + {t}) * N + n0;
+            if (nn == 16) memcpy(dst, &v, sizeof v); else for (long i = 0; i < nn; ++i) dst[i] = v[i];
+        }}""")
     prelude = "#define QMAX " + f"{qmax(act_bits)}.0f\n" + _PRELUDE
     dot = c_text("permute_dot_emulated.c" if emulate else "permute_dot_native.c")
-    return c_fill("permute_int8.c", prelude=prelude, dot=dot, acc=acc, dots=dots, stores="\n".join(store))
+    act = "" if activation == "none" else _ACTIVATIONS[activation]
+    return c_fill("permute_int8.c", prelude=prelude, dot=dot, acc=acc, dots=dots, stores="\n".join(store), act=act,
+                  has_act=int(bool(act)))
 
 
 class PermutedInt8Linear(Int8SparseLinear):
@@ -183,12 +199,21 @@ class PermutedInt8Linear(Int8SparseLinear):
     def _bind(self, lib: ctypes.CDLL) -> None:
         fn = lib.permute_int8
         fn.restype = None
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_long] * 3 + [ctypes.c_void_p] * 7
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_long] * 3 + [ctypes.POINTER(PermuteLayer)]
         self._fn = fn
+
+    def layer(self) -> PermuteLayer:
+        """The C struct of this op's tables (made per call: the tensors may move between calls, e.g. on a copy).
+
+        Example:
+            >>> lin.layer().idx == lin._steps_k.data_ptr()  # doctest: +SKIP
+            True
+        """
+        bias = None if self.bias is None else self.bias.data_ptr()
+        return PermuteLayer(self._steps_k.data_ptr(), self._packed.data_ptr(), self._win.data_ptr(),
+                            self._first.data_ptr(), self._corr.data_ptr(), self.weight_scale.data_ptr(), bias)
 
     def _run(self, x2: torch.Tensor, y: torch.Tensor, rows: int | None = None,
              x_scales: torch.Tensor | None = None) -> None:
         self._fn(x2.data_ptr(), y.data_ptr(), x2.shape[0] if rows is None else rows, self.in_features,
-                 self.out_features, self._steps_k.data_ptr(), self._packed.data_ptr(), self._win.data_ptr(),
-                 self._first.data_ptr(), self._corr.data_ptr(), self.weight_scale.data_ptr(),
-                 None if self.bias is None else self.bias.data_ptr())
+                 self.out_features, ctypes.byref(self.layer()))

@@ -12,6 +12,7 @@ from sparta_explore.compile import CompileWarning, compile
 from sparta_explore.compile.lowering import LowerContext, lower
 from sparta_explore.fake_quant import fake_quantize_rows, quantized_conv2d, quantized_linear
 from sparta_explore.kernels import KernelBuildError
+from sparta_explore.kernels.permute_int8 import has_permute
 from sparta_explore.zoo import build_model, example_inputs
 
 
@@ -88,7 +89,19 @@ def test_int8_convs_run_the_int8_implicit_gemm_on_images_quantized_whole(device,
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
 
 
-PAIR_KINDS = {"int8": ("FusedInt8Pair", 8), "sparse": ("FusedFp32Pair", 32)}
+PAIR_KINDS = {"int8": ("FusedInt8Pair", 8), "sparse": ("FusedFp32Pair", 32), "permute": ("FusedPermutePair", 8)}
+
+
+def _pair_masks(model, kind):
+    """Scattered masks (fp32; int8 on the permute kernel), or runs of 4 k (full quads: the quad int8 kernels)."""
+    masks = {}
+    for i, name in ((0, "0.weight"), (2, "2.weight")):
+        n, k = model[i].weight.shape
+        if kind == "int8":
+            masks[name] = (torch.rand(n, -(-k // 4)) > 0.8).repeat_interleave(4, dim=1)[:, :k]
+        else:
+            masks[name] = torch.rand(n, k) > 0.8
+    return masks
 
 
 @pytest.mark.parametrize("kind", sorted(PAIR_KINDS))
@@ -98,35 +111,38 @@ def test_chained_linears_fuse_where_the_pair_is_faster(device, cache_dir, monkey
     pair, bits = PAIR_KINDS[kind]
     if bits not in device.bits or not device.blocks:
         pytest.skip(f"no {bits}-bit kernels on this machine")
+    if kind == "permute" and not has_permute():
+        pytest.skip("the permute kernel needs AVX-512 VBMI and VNNI")
     monkeypatch.setattr("sparta_explore.kernels.fused_ffn.FusedPair.whole_tiles", 0)  # 100 rows: fused
     model = nn.Sequential(nn.Linear(64, 192), nn.GELU(), nn.Linear(192, 48)).eval()
     x = torch.randn(100, 64)
     g = se.capture(model, (x,))
-    kept = {name: torch.rand(model[i].weight.shape) > 0.8 for i, name in ((0, "0.weight"), (2, "2.weight"))}
+    kept = _pair_masks(model, kind)
     table = se.TeSATable({name: se.TeSA.from_mask(k, bits=bits) for name, k in kept.items()})
     if bits == 8:
         table = se.TeSATable({**table, g.inputs[0]: se.TeSA.dense((1, 64), bits=8),
                               "_1": se.TeSA.dense((1, 192), bits=8)})
 
     def timed(fns, x, rounds, settle=False):  # the decision is the pass's; what the clock says is the test's
-        assert bits == 8, "an fp32 pair is fused without timing"
+        assert kind == "int8", "fp32 and permute pairs are fused without timing"
         return {name: (1.0 if name == faster else 2.0) for name in fns}
 
     monkeypatch.setattr("sparta_explore.compile.kernel_pairs.fastest_ms", timed)
     # the kernels are chosen (a small fp32 layer can measure faster dense): the pairing is under test
     monkeypatch.setattr("sparta_explore.compile.choose._timed",
                         lambda op, fns, x, runs: {name: 2.0 if name == "dense" else 1.0 for name in fns})
-    cm = compile(model, table, (x,), device=device, cache_dir=cache_dir, tune=False, kernels={kind}, guard=False)
+    family = "int8" if bits == 8 else "sparse"
+    cm = compile(model, table, (x,), device=device, cache_dir=cache_dir, tune=False, kernels={family}, guard=False)
     first, second = cm.plan.ops["_0"], cm.plan.ops["_2"]
     assert first.activation == "gelu"
     fused = [type(m).__name__ for m in cm.module.modules()].count(pair)
-    if faster == "fused" or bits == 32:
+    if faster == "fused" or kind != "int8":
         assert fused == 1 and "fused with '_2'" in " ".join(first.notes) and "inside '_0'" in " ".join(second.notes)
         assert [n.op for n in cm.module.graph.nodes].count("call_module") == 1
     else:
         assert fused == 0 and "kept apart" in " ".join(first.notes)
     assert cm.checks["passed"].all()
-    if bits == 32:
+    if kind != "int8":
         assert "not timed" in " ".join(first.notes)
     with torch.no_grad():
         w1, w2 = model[0].weight * kept["0.weight"], model[2].weight * kept["2.weight"]
@@ -143,8 +159,9 @@ def test_int8_pairs_at_too_few_tiles_are_not_tried(device, cache_dir, monkeypatc
     model = nn.Sequential(nn.Linear(64, 192), nn.GELU(), nn.Linear(192, 48)).eval()
     x = torch.randn(20, 64)  # one tile of M: the pair would run its two ops apart
     g = se.capture(model, (x,))
-    table = se.TeSATable({"0.weight": se.TeSA.from_mask(torch.rand(192, 64) > 0.8, bits=8),
-                          "2.weight": se.TeSA.from_mask(torch.rand(48, 192) > 0.8, bits=8),
+    kept = _pair_masks(model, "int8")
+    table = se.TeSATable({"0.weight": se.TeSA.from_mask(kept["0.weight"], bits=8),
+                          "2.weight": se.TeSA.from_mask(kept["2.weight"], bits=8),
                           g.inputs[0]: se.TeSA.dense((1, 64), bits=8), "_1": se.TeSA.dense((1, 192), bits=8)})
 
     def timed(fns, x, rounds, settle=False):

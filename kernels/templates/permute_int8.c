@@ -11,6 +11,7 @@
 ${prelude}
 ${dot}
 #define MT 16  /* rows of M per tile: one accumulator each */
+#define HAS_ACT ${has_act}
 typedef uint8_t vu8 __attribute__((vector_size(16)));
 
 static void quantize_tile(const float *X, uint8_t *xq, float *sx, long m0, long mt, long K, long K_PAD) {
@@ -49,8 +50,68 @@ static void quantize_tile(const float *X, uint8_t *xq, float *sx, long m0, long 
     }
 }
 
-void permute_int8(const float *X, float *Y, long M, long K, long N, const VD *idx, const VD *w, const int32_t *win,
-                  const int64_t *s_ptr, const int32_t *corr, const float *ws, const float *bias) {
+static void act_rows(float *Y, long m0, long mt, long N, long n0, long n1) {
+    /* the activation over rows m0.. (columns n0..n1) of Y as they leave the tile, a pass of its own: inlined
+       into each of the 16 accumulators' stores, GELU's constants left the registers (3.1 of 8 ms at 768->3072) */
+    const vf zero = {0}; const vf one = zero + 1.0f; (void)one;
+    for (long t = 0; t < mt; ++t) {
+        float *row = Y + (m0 + t) * N;
+        long n = n0;
+        for (; n + VEC <= n1; n += VEC) { vf v; memcpy(&v, row + n, sizeof v); ${act} memcpy(row + n, &v, sizeof v); }
+        if (n < n1) {
+            vf v = zero;
+            memcpy(&v, row + n, sizeof(float) * (n1 - n));
+            ${act}
+            memcpy(row + n, &v, sizeof(float) * (n1 - n));
+        }
+    }
+}
+
+/* One layer's tables (kernels/permute_int8.py): steps (k bytes, weight bytes, window), each block's first
+   step, the offset correction, weight scales and bias. */
+struct permute_layer {
+    const VD *idx, *w;
+    const int32_t *win;
+    const int64_t *s_ptr;
+    const int32_t *corr;
+    const float *ws, *bias;
+};
+
+void permute_int8_quantize(const float *X, uint8_t *xq, float *sx, long m0, long mt, long K) {
+    quantize_tile(X, xq, sx, m0, mt, K, (K + 63) / 64 * 64);
+}
+
+void permute_int8_tile(const uint8_t *xq, const float *sx, float *Y, long m0, long mt, long K, long N,
+                       const struct permute_layer *L, long b0, long b1) {
+    /* blocks b0..b1 of one quantized tile of M (MT rows of K_PAD bytes) into rows m0.. of Y (N wide) */
+    const long K_PAD = (K + 63) / 64 * 64;
+    const VD *idx = L->idx, *w = L->w;
+    const int32_t *win = L->win, *corr = L->corr;
+    const int64_t *s_ptr = L->s_ptr;
+    const float *ws = L->ws, *bias = L->bias;
+    for (long b = b0; b < b1; ++b) {
+${acc}
+        for (long s = s_ptr[b]; s < s_ptr[b + 1]; ++s) {
+            const VD I = idx[s], V = w[s];
+            const uint8_t *xw = xq + (long)win[s] * 64;
+${dots}
+        }
+        const long n0 = b * 16, nn = N - n0 < 16 ? N - n0 : 16;
+        VD cv;
+        vf wsv, bv;
+        for (long i = 0; i < 16; ++i) {  /* rows past N: their sums are 0 and never stored */
+            cv[i] = i < nn ? corr[n0 + i] : 0;
+            wsv[i] = i < nn ? ws[n0 + i] : 0.0f;
+            bv[i] = i < nn && bias ? bias[n0 + i] : 0.0f;
+        }
+${stores}
+    }
+    if (HAS_ACT) act_rows(Y, m0, mt, N, b0 * 16, b1 * 16 < N ? b1 * 16 : N);
+}
+
+long permute_int8_tile_rows(void) { return MT; }
+
+void permute_int8(const float *X, float *Y, long M, long K, long N, const struct permute_layer *L) {
     const long K_PAD = (K + 63) / 64 * 64, blocks = (N + 15) / 16, tiles = (M + MT - 1) / MT;
     /* few tiles of M: each tile's blocks are split over threads too (the tile is quantized per item) */
     const long want = 4L * omp_get_max_threads();
@@ -64,26 +125,8 @@ void permute_int8(const float *X, float *Y, long M, long K, long N, const VD *id
         for (long item = 0; item < tiles * split; ++item) {
             const long tile = item / split, part = item % split, m0 = tile * MT;
             const long mt = M - m0 < MT ? M - m0 : MT;
-            const long b0 = blocks * part / split, b1 = blocks * (part + 1) / split;
             if (quantized != tile) { quantize_tile(X, xq, sx, m0, mt, K, K_PAD); quantized = tile; }
-            for (long b = b0; b < b1; ++b) {
-${acc}
-                for (long s = s_ptr[b]; s < s_ptr[b + 1]; ++s) {
-                    const VD I = idx[s], V = w[s];
-                    const uint8_t *xw = xq + (long)win[s] * 64;
-${dots}
-                }
-                const long n0 = b * 16, nn = N - n0 < 16 ? N - n0 : 16;
-                VD cv;
-                vf wsv, bv;
-                for (long i = 0; i < 16; ++i) {  /* rows past N: their sums are 0 and never stored */
-                    cv[i] = i < nn ? corr[n0 + i] : 0;
-                    wsv[i] = i < nn ? ws[n0 + i] : 0.0f;
-                    bv[i] = i < nn && bias ? bias[n0 + i] : 0.0f;
-                }
-                const vf zero = {0}; const vf one = zero + 1.0f; (void)one;
-${stores}
-            }
+            permute_int8_tile(xq, sx, Y, m0, mt, K, N, L, blocks * part / split, blocks * (part + 1) / split);
         }
         free(xq);
     }

@@ -71,7 +71,7 @@ def fuse_pairs(gm: fx.GraphModule, planned: list[OpPlan], compiled: dict[str, nn
         x = op_inputs[first.op]
         rows = x.numel() // max(1, a.in_features)
         if fused.less_work:
-            said = "not timed: the two ops' own work without the intermediate's unpack and pack"
+            said = "not timed: the two ops' own work, the intermediate never in memory"
         elif not fused.runs_fused(rows):
             first.notes.append(f"fusion with {second.op!r} not tried: {rows} rows are too few tiles to fuse")
             continue

@@ -22,10 +22,10 @@ from torch import nn
 from sparta_explore.fake_quant import fake_quantize_rows
 from sparta_explore.kernels.conv_geometry import ConvGeometry
 from sparta_explore.kernels.dense import DenseConv2d, DenseLinear, ShrunkConv2d, SummedParts
-from sparta_explore.kernels.permute_int8 import PermutedInt8Linear, has_permute, prefers_permute
+from sparta_explore.kernels.permute_int8 import int8_kernel_for
 from sparta_explore.kernels.shrink import ShrunkLinear
 from sparta_explore.kernels.sparse_conv import ImplicitConvLinear, Int8ConvLinear, SparseConv2d
-from sparta_explore.kernels.sparse_linear import Int8SparseLinear, SparseLinear
+from sparta_explore.kernels.sparse_linear import SparseLinear
 from sparta_explore.kernels.tuning import default_tile, searched
 from sparta_explore.plan.execution_plan import FP32, Candidate, SubOp
 from sparta_explore.registry import Registry
@@ -128,7 +128,7 @@ def _sparse_linear(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.M
 @register_builder("int8", "linear")
 def _int8_linear(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Module:
     # scattered patterns: the permute kernel where the CPU has it and the pattern says it wins (kernels/permute_int8.py)
-    kind = PermutedInt8Linear if has_permute() and prefers_permute(sub.mask.cpu().numpy()) else Int8SparseLinear
+    kind = int8_kernel_for(sub.mask.cpu().numpy())
     return kind(part_weight(ctx.module, sub), bias, sub.mask, block_rows=sub.block[0], activation=activation,
                 cache_dir=ctx.cache_dir, weight_bits=sub.weight_bits, act_bits=sub.act_bits, expected_m=ctx.m)
 

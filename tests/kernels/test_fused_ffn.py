@@ -10,7 +10,15 @@ from torch import nn
 from sparta_explore.kernels import Int8SparseLinear, SparseLinear
 from sparta_explore.kernels.bsr_codegen import TileConfig
 from sparta_explore.kernels.build import cpu_flags
-from sparta_explore.kernels.fused_ffn import FusedFp32Pair, FusedInt8Pair, FusedPair, fused_pair, why_not_fusable
+from sparta_explore.kernels.fused_ffn import (
+    FusedFp32Pair,
+    FusedInt8Pair,
+    FusedPair,
+    FusedPermutePair,
+    fused_pair,
+    why_not_fusable,
+)
+from sparta_explore.kernels.permute_int8 import PermutedInt8Linear, has_permute
 
 from .test_sparse_linear import block_mask
 
@@ -184,3 +192,32 @@ def test_few_tiles_run_the_two_ops_apart(tmp_path, monkeypatch):
     assert calls == [many]
     saved = pickle.loads(pickle.dumps(fused))
     assert saved.whole_tiles == 4 and saved.runs_fused(many)
+
+
+# the permute int8 pair: a tile's rows of the first op stay in L2 and are quantized there for the second
+PERMUTE_MODES = [pytest.param(True, id="emulated"),
+                 pytest.param(False, id="native", marks=pytest.mark.skipif(
+                     not has_permute(), reason="the permute kernel needs AVX-512 VBMI and VNNI"))]
+
+
+@pytest.mark.parametrize("emulate", PERMUTE_MODES)
+@pytest.mark.parametrize("k,n,density", [(64, 256, 0.1), (70, 45, 0.3), (100, 130, 0.0), (48, 40, 1.0)])
+def test_permute_pair_matches_the_two_ops_in_turn(tmp_path, emulate, k, n, density):
+    g = torch.Generator().manual_seed(k + n)
+    first = PermutedInt8Linear(torch.randn(n, k, generator=g), torch.randn(n, generator=g),
+                               block_mask(n, k, (1, 1), density), activation="gelu", emulate_dot=emulate,
+                               cache_dir=tmp_path)
+    second = PermutedInt8Linear(torch.randn(k, n, generator=g), torch.randn(k, generator=g),
+                                block_mask(k, n, (1, 1), density, seed=1), emulate_dot=emulate, cache_dir=tmp_path)
+    fused = fused_pair(first, second, cache_dir=tmp_path)
+    assert type(fused) is FusedPermutePair and fused.less_work
+    for m in (1, 17, 100):  # within a tile of 16, ragged, several tiles
+        x = torch.randn(m, k) * 3
+        with torch.no_grad():
+            torch.testing.assert_close(fused(x), second(first(x)), rtol=0, atol=0)  # the same arithmetic
+        ref = second.reference(first.reference(x))
+        _same_but_ties(fused(x), ref)
+    with torch.no_grad():
+        want = fused(x)
+        for other in (copy.deepcopy(fused), pickle.loads(pickle.dumps(fused))):
+            torch.testing.assert_close(other(x), want)

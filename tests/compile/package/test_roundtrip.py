@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import torch
+from torch import nn
 
 import sparta_explore as se
 from sparta_explore.kernels.build import (
@@ -16,6 +17,8 @@ from sparta_explore.kernels.build import (
     set_target_isa,
     target_isa,
 )
+from sparta_explore.kernels.fused_ffn import FusedPair
+from sparta_explore.kernels.permute_int8 import has_permute
 from sparta_explore.kernels.sparse_linear import KernelLinear
 
 
@@ -142,3 +145,37 @@ def test_hugging_face_outputs_come_back_as_their_own_type(tmp_path, cache_dir, d
     loaded = se.load(cm.save(tmp_path / "bert.sparta"), cache_dir=cache_dir)
     got, want = loaded(**inputs), cm(**inputs)
     assert type(got).__name__ == "SequenceClassifierOutput" and torch.equal(got.logits, want.logits)
+
+
+def test_a_permute_pair_loads_bit_identical_and_as_quad_kernels_without_vbmi(cache_dir, device, tmp_path):
+    if not has_permute() or 8 not in device.bits:
+        pytest.skip("the permute kernel needs AVX-512 VBMI and VNNI")
+    torch.manual_seed(0)
+    ffn = nn.Sequential(nn.Linear(64, 192), nn.GELU(), nn.Linear(192, 48)).eval()
+    x = torch.randn(100, 64)
+    graph = se.capture(ffn, (x,))
+    table = se.TeSATable({"0.weight": se.TeSA.from_mask(torch.rand(192, 64) < 0.1, bits=8),
+                          "2.weight": se.TeSA.from_mask(torch.rand(48, 192) < 0.1, bits=8),
+                          graph.inputs[0]: se.TeSA.dense((1, 64), bits=8), "_1": se.TeSA.dense((1, 192), bits=8)})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("sparta_explore.compile.choose._timed",
+                      lambda op, fns, x, runs: {name: 2.0 if name == "dense" else 1.0 for name in fns})
+        patch.setattr(FusedPair, "whole_tiles", 0)
+        cm = se.compile(ffn, table, (x,), cache_dir=cache_dir, device=device, tune=False, guard=False,
+                        kernels={"int8"})
+    assert [type(m).__name__ for m in cm.module.modules()].count("FusedPermutePair") == 1
+    path = cm.save(tmp_path / "permute.sparta")
+    loaded = se.load(path, cache_dir=cache_dir)
+    assert loaded.record.loaded["bit_identical"]
+    assert torch.equal(_run(loaded, x), _run(cm, x))
+    before = target_isa()
+    set_target_isa("avx2")
+    try:
+        other = se.load(path, cache_dir=cache_dir)
+        y = _run(other, x)
+    finally:
+        set_target_isa(before)
+    kinds = {type(m).__name__ for m in other.modules()}
+    assert "PermutedInt8Linear" not in kinds and "Int8SparseLinear" in kinds  # the quad kernels, same result
+    want = _run(cm, x)
+    assert float((y - want).abs().max()) <= 2e-2 * (1 + float(want.abs().max()))
