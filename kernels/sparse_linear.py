@@ -250,6 +250,18 @@ class SparseLinear(KernelLinear):
         """How the kernel reads X and writes Y: row-major here; a convolution gathers im2col rows."""
         return ROWS_IO
 
+    def retiled(self, tile: TileConfig, cache_dir: str | os.PathLike | None = None) -> SparseLinear:
+        """The same op built with another tiling (to match a neighbour's tile: `compile/kernel_pairs.py`).
+
+        Example:
+            >>> sl.retiled(other.tile).tile == other.tile  # doctest: +SKIP
+            True
+        """
+        args, kwargs = self._arguments(self.cache_dir if cache_dir is None else cache_dir)
+        op = type(self)(*args, **{**kwargs, "tile": tile, "tile_searched": True})
+        op.label = self.label
+        return op
+
     def _bind(self, lib: ctypes.CDLL) -> None:
         fn = lib.sparse_linear
         fn.restype = None

@@ -153,6 +153,42 @@ def test_chained_linears_fuse_where_the_pair_is_faster(device, cache_dir, monkey
         torch.testing.assert_close(cm(x), want, rtol=0, atol=atol)
 
 
+@pytest.mark.parametrize("faster", ["fused", "apart"])
+def test_fp32_pairs_of_other_tiles_are_retiled_and_timed(device, cache_dir, monkeypatch, faster):
+    if 32 not in device.bits or not device.blocks:
+        pytest.skip("no fp32 kernels on this machine")
+    from sparta_explore.kernels.bsr_codegen import TileConfig
+
+    monkeypatch.setattr("sparta_explore.kernels.fused_ffn.FusedPair.whole_tiles", 0)
+    # each op's tile search chose its own tiling: fc1 (GELU) one, fc2 another
+    tiles = {"gelu": TileConfig(rows=4, vectors=2, single_vectors=2), "none": TileConfig(rows=4, vectors=3,
+                                                                                         single_vectors=3)}
+    monkeypatch.setattr("sparta_explore.compile.lowering._tile",
+                        lambda mask, rows, activation, ctx: {"tile": tiles[activation], "tile_searched": True})
+    monkeypatch.setattr("sparta_explore.compile.choose._timed",
+                        lambda op, fns, x, runs: {name: 2.0 if name == "dense" else 1.0 for name in fns})
+    monkeypatch.setattr("sparta_explore.compile.kernel_pairs.fastest_ms",
+                        lambda fns, x, rounds, settle=False: {name: 1.0 if name == faster else 2.0 for name in fns})
+    model = nn.Sequential(nn.Linear(64, 192), nn.GELU(), nn.Linear(192, 48)).eval()
+    x = torch.randn(100, 64)
+    kept = _pair_masks(model, "sparse")
+    table = se.TeSATable({name: se.TeSA.from_mask(k) for name, k in kept.items()})
+    cm = compile(model, table, (x,), device=device, cache_dir=cache_dir, kernels={"sparse"}, guard=False)
+    notes = " ".join(cm.plan.ops["_0"].notes)
+    pairs = [m for m in cm.module.modules() if type(m).__name__ == "FusedFp32Pair"]
+    if faster == "fused":
+        assert len(pairs) == 1 and pairs[0].second.tile == tiles["gelu"]
+        first_rows, second_rows = (tiles[a].tile_vectors * pairs[0].first._vec for a in ("gelu", "none"))
+        assert f"retiled to the first's {first_rows}-row tile (was {second_rows})" in notes
+    else:
+        assert not pairs and "kept apart" in notes
+    with torch.no_grad():
+        want = nn.functional.linear(model[1](nn.functional.linear(x, model[0].weight * kept["0.weight"],
+                                                                  model[0].bias)),
+                                    model[2].weight * kept["2.weight"], model[2].bias)
+        torch.testing.assert_close(cm(x), want, rtol=1e-5, atol=1e-5 * (1 + float(want.abs().max())))
+
+
 def test_int8_pairs_at_too_few_tiles_are_not_tried(device, cache_dir, monkeypatch):
     if 8 not in device.bits or not device.blocks:
         pytest.skip("no int8 kernels on this machine")

@@ -5,7 +5,9 @@ After every op has its kernel, a linear compiled to a row-major `SparseLinear` o
 with its GELU fused, then fc2) can run as one fused pair (`kernels/fused_ffn.py`:
 `FusedFp32Pair`, `FusedInt8Pair`). An fp32 pair does the two ops' own work minus the
 intermediate's trip (`FusedPair.less_work`: fc1's output tile is fc2's packed input) and is
-fused without timing. An int8 pair packs differently: it is timed against the two ops on the
+fused without timing; where the two tile searches chose different tilings, the second is built
+again with the first's (`SparseLinear.retiled`) and that pair is timed. A quad int8 pair packs
+differently: it is timed against the two ops on the
 op's recorded input (interleaved, fastest kept, as candidates are), and left apart where the
 op's M is too few tiles to run fused (`runs_fused`). Where fused, the second op's module
 becomes the pair, its node reads the first op's input, and the first op's node goes; both
@@ -27,6 +29,7 @@ from torch import nn
 from sparta_explore.device import fastest_ms
 from sparta_explore.kernels.build import KernelBuildError
 from sparta_explore.kernels.fused_ffn import fused_pair, why_not_fusable
+from sparta_explore.kernels.sparse_linear import SparseLinear
 from sparta_explore.module_tree import set_module
 from sparta_explore.plan import OpPlan
 from sparta_explore.plan.sites import OUT_IN
@@ -47,6 +50,16 @@ def _chained(calls: Mapping[str, fx.Node], first: OpPlan, by_node: Mapping[str, 
     return node, second
 
 
+def _retile(a: nn.Module, b: nn.Module) -> str | None:
+    """A note when two fp32 kernels could fuse but for their tiles (each op's tile search chose its own): the
+    second is then built with the first's tiling, and the pair is timed against the two as they are."""
+    if type(a) is not SparseLinear or type(b) is not SparseLinear or a.tile == b.tile or a._fn is None or b._fn is None:
+        return None
+    if a.out_features != b.in_features:
+        return None
+    return f"; the second retiled to the first's {a._tile}-row tile (was {b._tile})"
+
+
 def fuse_pairs(gm: fx.GraphModule, planned: list[OpPlan], compiled: dict[str, nn.Module],
                op_inputs: Mapping[str, torch.Tensor], runs: int, cache_dir: str | os.PathLike | None) -> None:
     """Fuse, in `gm` and `compiled`, every chained kernel pair that runs faster fused (see the module docstring)."""
@@ -60,17 +73,20 @@ def fuse_pairs(gm: fx.GraphModule, planned: list[OpPlan], compiled: dict[str, nn
             continue
         node, second = chain
         a, b = compiled[first.op], compiled.get(second.op)
-        if b is None or why_not_fusable(a, b) is not None:
+        if b is None:
+            continue
+        retile = _retile(a, b)
+        if why_not_fusable(a, b) is not None and retile is None:
             continue
         try:
-            fused = fused_pair(a, b, cache_dir=cache_dir)
+            fused = fused_pair(a, b if retile is None else b.retiled(a.tile, cache_dir), cache_dir=cache_dir)
         except (KernelBuildError, OSError, ValueError) as e:
             first.fell_back(f"fusion with {second.op!r} failed to build ({e})")
             continue
         fused.label = f"{first.op}+{second.op}"
         x = op_inputs[first.op]
         rows = x.numel() // max(1, a.in_features)
-        if fused.less_work:
+        if fused.less_work and retile is None:
             said = "not timed: the two ops' own work, the intermediate never in memory"
         elif not fused.runs_fused(rows):
             first.notes.append(f"fusion with {second.op!r} not tried: {rows} rows are too few tiles to fuse")
@@ -78,7 +94,7 @@ def fuse_pairs(gm: fx.GraphModule, planned: list[OpPlan], compiled: dict[str, nn
         else:
             with torch.inference_mode():
                 times = fastest_ms({"apart": nn.Sequential(a, b), "fused": fused}, x, runs, settle=True)
-            said = f"apart {times['apart']:.3f} ms, fused {times['fused']:.3f} ms"
+            said = f"apart {times['apart']:.3f} ms, fused {times['fused']:.3f} ms" + (retile or "")
             if not times["fused"] < times["apart"]:
                 first.notes.append(f"fusion with {second.op!r} measured slower ({said}): kept apart")
                 continue
