@@ -88,8 +88,9 @@ def plan_steps(wq: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray
 def prefers_permute(kept: np.ndarray) -> bool:
     """Whether the permute kernel beats the quad kernels on this pattern: its ops per 16 rows of M (a vpermb and
     a vpdpbusd per step and row of M) against the quad kernels' dots (one per non-empty quad), weighted by
-    `PERMUTE_EDGE`. Measured on 90% BERT FFN shapes: 768->3072 6.6 vs 9.8 ms, 3072->768 6.9 vs 9.7 ms; 1x32 and
-    32x32 blocks fill their quads, and the quad kernels stay.
+    `PERMUTE_EDGE`. Measured on 90% unstructured BERT FFN shapes at M = 4096 (Zen 5, 2 threads): 768->3072
+    4.8 vs 9.7 ms, 3072->768 6.0 vs 10.0 ms; 1x32 and 32x32 blocks fill their quads, and the quad kernels stay
+    (768->3072 1x32: quads 4.7 ms, permute 12.9 ms).
 
     Example:
         >>> prefers_permute(np.random.default_rng(0).random((64, 256)) < 0.1)
@@ -106,7 +107,7 @@ def prefers_permute(kept: np.ndarray) -> bool:
     wpad[:n, :k] = kept
     counts = wpad.reshape(-1, ROWS, windows, WINDOW).sum(axis=3).max(axis=1)
     steps = int((-(-counts // QUAD)).sum())
-    return 2 * ROWS * steps * 1.0 < PERMUTE_EDGE * quads
+    return 2 * ROWS * steps < PERMUTE_EDGE * quads
 
 
 class PermuteLayer(ctypes.Structure):  # `struct permute_layer` of templates/permute_int8.c
@@ -145,8 +146,8 @@ class PermutedInt8Linear(Int8SparseLinear):
     """`Int8SparseLinear`'s computation by the permute kernel (see the module docstring), for scattered patterns.
 
     Same arguments and `reference`; `dot` is ignored (the kernel is VBMI + VNNI or, with
-    `emulate_dot=True`, their exact portable C). Not a quad kernel: it has no fused-pair entry
-    points and no K-major tile (`_tile` is its 16 rows of M per tile).
+    `emulate_dot=True`, their exact portable C). Not a quad kernel: no K-major tile (`_tile` is its
+    16 rows of M per tile); two of them chain as `fused_ffn.FusedPermutePair`.
 
     Example:
         >>> lin = PermutedInt8Linear(torch.randn(32, 64), None, torch.rand(32, 64) < 0.1)  # doctest: +SKIP
