@@ -1,6 +1,5 @@
 """Fused pairs: two int8 or two fp32 kernels tile by tile give what the two ops give one after the other."""
 
-import copy
 import pickle
 
 import pytest
@@ -20,7 +19,7 @@ from sparta_explore.kernels.fused_ffn import (
 )
 from sparta_explore.kernels.permute_int8 import PermutedInt8Linear, has_permute
 
-from .test_sparse_linear import block_mask
+from .test_sparse_linear import block_mask, same_after_copies
 
 pytestmark = pytest.mark.skipif("avx2" not in cpu_flags(), reason="int8 kernels need AVX2")
 
@@ -97,11 +96,7 @@ def test_what_cannot_fuse_is_refused_with_the_reason(tmp_path):
 
 def test_fused_pair_copies_and_pickles(tmp_path):
     fused = FusedInt8Pair(*_pair(tmp_path, 64, 96, "gelu", {}), cache_dir=tmp_path)
-    x = torch.randn(20, 64)
-    with torch.no_grad():
-        want = fused(x)
-        for other in (copy.deepcopy(fused), pickle.loads(pickle.dumps(fused))):
-            torch.testing.assert_close(other(x), want)
+    same_after_copies(fused, torch.randn(20, 64))
 
 
 # fp32: the first op's output tile is the second's packed input tile as it is
@@ -163,13 +158,7 @@ def test_fp32_pairs_refuse_mixed_kinds_and_tiles(tmp_path):
     assert "tiles of" in why_not_fusable(first, other)
     with pytest.raises(ValueError, match="FusedInt8Pair chains Int8SparseLinears, not SparseLinears"):
         FusedInt8Pair(first, second)
-    fused = FusedFp32Pair(first, second, cache_dir=tmp_path)
-    x = torch.randn(20, 64)
-    with torch.no_grad():
-        want = fused(x)
-        for copied in (copy.deepcopy(fused), pickle.loads(pickle.dumps(fused))):
-            assert copied._fn is not None
-            torch.testing.assert_close(copied(x), want)
+    same_after_copies(FusedFp32Pair(first, second, cache_dir=tmp_path), torch.randn(20, 64))
 
 
 def test_few_tiles_run_the_two_ops_apart(tmp_path, monkeypatch):
@@ -217,7 +206,4 @@ def test_permute_pair_matches_the_two_ops_in_turn(tmp_path, emulate, k, n, densi
             torch.testing.assert_close(fused(x), second(first(x)), rtol=0, atol=0)  # the same arithmetic
         ref = second.reference(first.reference(x))
         _same_but_ties(fused(x), ref)
-    with torch.no_grad():
-        want = fused(x)
-        for other in (copy.deepcopy(fused), pickle.loads(pickle.dumps(fused))):
-            torch.testing.assert_close(other(x), want)
+    same_after_copies(fused, x)

@@ -1,5 +1,7 @@
 """SparseLinear matches the masked dense op on every pattern, shape and activation, or falls back."""
 
+import copy
+import pickle
 import warnings
 
 import pytest
@@ -17,6 +19,15 @@ def block_mask(n, k, block, density, seed=0):
     br, bk = block
     grid = torch.rand(-(-n // br), -(-k // bk), generator=g) < density
     return grid.repeat_interleave(br, 0).repeat_interleave(bk, 1)[:n, :k]
+
+
+def same_after_copies(module, x):
+    """A deep copy and a pickled copy of a kernel module are bound again and compute what it computes."""
+    with torch.no_grad():
+        want = module(x)
+        for other in (copy.deepcopy(module), pickle.loads(pickle.dumps(module))):
+            assert getattr(other, "_fn", None) is not None
+            torch.testing.assert_close(other(x), want)
 
 
 def check(layer, m, k, seed=1):
@@ -120,7 +131,6 @@ def test_no_warning_on_the_happy_path(tmp_path):
 
 
 def test_kernels_survive_deepcopy_and_torch_save(tmp_path):
-    import copy
     import io
 
     from sparta_explore.kernels import Int8SparseLinear
