@@ -229,7 +229,8 @@ def test_bert_tiny_with_block_pruning(device, cache_dir):
     model, x = build_model("bert-tiny").eval(), example_inputs("bert-tiny")
     g = se.capture(model, x)
     table = se.propagate(g, block_table(model, g, 0.5, (16, 16)))
-    cm = compile(model, table, x, device=device, cache_dir=cache_dir, tune=False)
+    # no guard: it may keep the user's eager model for a model this small, and the graph is under test
+    cm = compile(model, table, x, device=device, cache_dir=cache_dir, tune=False, guard=False)
     assert torch.allclose(cm(*x), se.masked_copy(model, table)(*x), atol=1e-4)
     fused = [op for op in cm.plan.ops.values() if op.activation == "gelu"]
     assert fused, "the FFN's GELU fuses into fc1"

@@ -1,17 +1,17 @@
 """Fusion pass of `compile`: a chain of two sparse kernels becomes one tile-by-tile pair where that is faster.
 
-After every op has its kernel, a linear compiled to a row-major `SparseLinear` or
-`Int8SparseLinear` whose only reader is another of the same kind and tile (a BERT FFN: fc1
-with its GELU fused, then fc2) can run as one fused pair (`kernels/fused_ffn.py`:
-`FusedFp32Pair`, `FusedInt8Pair`). An fp32 pair does the two ops' own work minus the
-intermediate's trip (`FusedPair.less_work`: fc1's output tile is fc2's packed input) and is
-fused without timing; where the two tile searches chose different tilings, the second is built
-again with the first's (`SparseLinear.retiled`) and that pair is timed. A quad int8 pair packs
-differently: it is timed against the two ops on the
-op's recorded input (interleaved, fastest kept, as candidates are), and left apart where the
-op's M is too few tiles to run fused (`runs_fused`). Where fused, the second op's module
-becomes the pair, its node reads the first op's input, and the first op's node goes; both
-ops say so in their notes, and so do pairs left apart (with both times).
+After every op has its kernel, a linear compiled to a row-major `SparseLinear`,
+`PermutedInt8Linear` or `Int8SparseLinear` whose only reader is another of the same kind and
+tile (a BERT FFN: fc1 with its GELU fused, then fc2) can run as one fused pair
+(`kernels/fused_ffn.py`). fp32 and permute-int8 pairs do the two ops' own work without the
+intermediate's trip through memory (`FusedPair.less_work`) and are fused without timing; two
+fp32 ops whose tile searches chose different tilings get the second built again with the
+first's (`SparseLinear.retiled`), and that pair is timed. A quad int8 pair packs differently
+and is timed too (against the two ops on the op's recorded input, interleaved, fastest kept,
+as candidates are). Any pair is left apart where the op's M is too few tiles to run fused
+(`runs_fused`: it would only add a call). Where fused, the second op's module becomes the
+pair, its node reads the first op's input, and the first op's node goes; both ops say so in
+their notes, and so do pairs left apart (with both times).
 
 Example:
     >>> fuse_pairs(gm, planned, compiled, op_inputs, runs=5, cache_dir=None)  # doctest: +SKIP
@@ -86,11 +86,11 @@ def fuse_pairs(gm: fx.GraphModule, planned: list[OpPlan], compiled: dict[str, nn
         fused.label = f"{first.op}+{second.op}"
         x = op_inputs[first.op]
         rows = x.numel() // max(1, a.in_features)
-        if fused.less_work and retile is None:
-            said = "not timed: the two ops' own work, the intermediate never in memory"
-        elif not fused.runs_fused(rows):
+        if not fused.runs_fused(rows):  # the pair would run its two ops apart: only a call more
             first.notes.append(f"fusion with {second.op!r} not tried: {rows} rows are too few tiles to fuse")
             continue
+        if fused.less_work and retile is None:
+            said = "not timed: the two ops' own work, the intermediate never in memory"
         else:
             with torch.inference_mode():
                 times = fastest_ms({"apart": nn.Sequential(a, b), "fused": fused}, x, runs, settle=True)
