@@ -53,6 +53,20 @@ def has_permute(flags: frozenset[str] | None = None) -> bool:
     return (cpu_flags() if flags is None else flags) >= NEEDS
 
 
+def block_steps(kept: np.ndarray) -> np.ndarray:
+    """Steps per (block of 16 rows, window of 64 k): the quads the block's fullest row needs in that window.
+
+    Example:
+        >>> block_steps(np.ones((3, 70), bool)).tolist()
+        [[16, 2]]
+    """
+    n, k = kept.shape
+    windows = max(1, -(-k // WINDOW))
+    pad = np.zeros((-(-n // ROWS) * ROWS, windows * WINDOW), dtype=bool)
+    pad[:n, :k] = kept
+    return -(-pad.reshape(-1, ROWS, windows, WINDOW).sum(axis=3).max(axis=1) // QUAD)
+
+
 def plan_steps(wq: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The steps of a pattern: (k bytes, weight bytes) as (steps, 64) uint8 / int8, each step's window (int32)
     and each block's first step (int64, blocks + 1). Step order: block, window, quad; lane i of a step holds
@@ -70,9 +84,7 @@ def plan_steps(wq: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray
     cell = rows * windows + window  # (row, window), nondecreasing
     start = np.searchsorted(cell, cell, side="left")
     rank = np.arange(cell.size) - start  # this weight's place among its row's kept k in the window
-    counts = np.zeros((blocks * ROWS, windows), dtype=np.int64)
-    np.add.at(counts, (rows, window), 1)
-    steps = -(-counts.reshape(blocks, ROWS, windows).max(axis=1) // QUAD)  # (block, window): the fullest row's quads
+    steps = block_steps(kept)
     first = np.concatenate([[0], np.cumsum(steps.reshape(-1))])  # first step of each (block, window)
     total = int(first[-1])
     k_bytes = np.zeros((total, ROWS * QUAD), dtype=np.uint8)
@@ -102,12 +114,7 @@ def prefers_permute(kept: np.ndarray) -> bool:
     pad = np.zeros((n, -(-k // QUAD) * QUAD), dtype=bool)
     pad[:, :k] = kept
     quads = int(pad.reshape(n, -1, QUAD).any(axis=2).sum())
-    windows = max(1, -(-k // WINDOW))
-    wpad = np.zeros((-(-n // ROWS) * ROWS, windows * WINDOW), dtype=np.int64)
-    wpad[:n, :k] = kept
-    counts = wpad.reshape(-1, ROWS, windows, WINDOW).sum(axis=3).max(axis=1)
-    steps = int((-(-counts // QUAD)).sum())
-    return 2 * ROWS * steps < PERMUTE_EDGE * quads
+    return 2 * ROWS * int(block_steps(kept).sum()) < PERMUTE_EDGE * quads
 
 
 class PermuteLayer(ctypes.Structure):  # `struct permute_layer` of templates/permute_int8.c
@@ -183,7 +190,7 @@ class PermutedInt8Linear(Int8SparseLinear):
         self._bind(self.built.lib)
         self.variant = "permute"
 
-    def rebuilt(self, cache_dir: str | os.PathLike | None = None) -> Int8SparseLinear:
+    def rebuilt(self, cache_dir: str | os.PathLike | None = None, **changes: object) -> Int8SparseLinear:
         """Built again for this machine: the permute kernel where it runs, else the quad kernel (same result).
 
         Example:
@@ -191,9 +198,9 @@ class PermutedInt8Linear(Int8SparseLinear):
             'PermutedInt8Linear'
         """
         if self.emulate_dot or has_permute():
-            return super().rebuilt(cache_dir)
+            return super().rebuilt(cache_dir, **changes)
         args, kwargs = self._arguments(cache_dir)
-        op = Int8SparseLinear(*args, **kwargs)
+        op = Int8SparseLinear(*args, **{**kwargs, **changes})
         op.label = self.label
         return op
 

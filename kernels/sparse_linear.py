@@ -149,15 +149,18 @@ class KernelLinear(CompiledOp):
                                                      "cache_dir": cache_dir, "tile": self.tile,
                                                      "expected_m": self.expected_m}
 
-    def rebuilt(self, cache_dir: str | os.PathLike | None = None) -> KernelLinear:
-        """The same op generated and built again for this machine (a saved model loaded where the ISA differs).
+    def rebuilt(self, cache_dir: str | os.PathLike | None = None, **changes: object) -> KernelLinear:
+        """The same op generated and built again for this machine (a saved model loaded where the ISA differs),
+        with `changes` to its constructor arguments (another tiling to match a neighbour: compile/kernel_pairs.py).
 
         Example:
             >>> sl.rebuilt().tile == sl.tile  # doctest: +SKIP
             True
+            >>> sl.rebuilt(tile=other.tile, tile_searched=True).tile == other.tile  # doctest: +SKIP
+            True
         """
         args, kwargs = self._arguments(cache_dir)
-        op = type(self)(*args, **kwargs)
+        op = type(self)(*args, **{**kwargs, **changes})
         op.label = self.label
         return op
 
@@ -249,18 +252,6 @@ class SparseLinear(KernelLinear):
     def _kernel_io(self) -> KernelIO:
         """How the kernel reads X and writes Y: row-major here; a convolution gathers im2col rows."""
         return ROWS_IO
-
-    def retiled(self, tile: TileConfig, cache_dir: str | os.PathLike | None = None) -> SparseLinear:
-        """The same op built with another tiling (to match a neighbour's tile: `compile/kernel_pairs.py`).
-
-        Example:
-            >>> sl.retiled(other.tile).tile == other.tile  # doctest: +SKIP
-            True
-        """
-        args, kwargs = self._arguments(self.cache_dir if cache_dir is None else cache_dir)
-        op = type(self)(*args, **{**kwargs, "tile": tile, "tile_searched": True})
-        op.label = self.label
-        return op
 
     def _bind(self, lib: ctypes.CDLL) -> None:
         fn = lib.sparse_linear

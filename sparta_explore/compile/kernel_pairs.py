@@ -6,7 +6,7 @@ tile (a BERT FFN: fc1 with its GELU fused, then fc2) can run as one fused pair
 (`kernels/fused_ffn.py`). fp32 and permute-int8 pairs do the two ops' own work without the
 intermediate's trip through memory (`FusedPair.less_work`) and are fused without timing; two
 fp32 ops whose tile searches chose different tilings get the second built again with the
-first's (`SparseLinear.retiled`), and that pair is timed. A quad int8 pair packs differently
+first's (`KernelLinear.rebuilt(tile=...)`), and that pair is timed. A quad int8 pair packs differently
 and is timed too (against the two ops on the op's recorded input, interleaved, fastest kept,
 as candidates are). Any pair is left apart where the op's M is too few tiles to run fused
 (`runs_fused`: it would only add a call). Where fused, the second op's module becomes the
@@ -79,7 +79,8 @@ def fuse_pairs(gm: fx.GraphModule, planned: list[OpPlan], compiled: dict[str, nn
         if why_not_fusable(a, b) is not None and retile is None:
             continue
         try:
-            fused = fused_pair(a, b if retile is None else b.retiled(a.tile, cache_dir), cache_dir=cache_dir)
+            second_op = b if retile is None else b.rebuilt(cache_dir, tile=a.tile, tile_searched=True)
+            fused = fused_pair(a, second_op, cache_dir=cache_dir)
         except (KernelBuildError, OSError, ValueError) as e:
             first.fell_back(f"fusion with {second.op!r} failed to build ({e})")
             continue
