@@ -153,22 +153,33 @@ def test_chained_linears_fuse_where_the_pair_is_faster(device, cache_dir, monkey
         torch.testing.assert_close(cm(x), want, rtol=0, atol=atol)
 
 
-@pytest.mark.parametrize("faster", ["fused", "apart"])
-def test_fp32_pairs_of_other_tiles_are_retiled_and_timed(device, cache_dir, monkeypatch, faster):
+def _other_tiles(device, monkeypatch, faster: str, timings: list | None = None) -> dict:
+    """fc1 (GELU) and fc2 tiled apart, as if each op's tile search chose its own; the pair timing says `faster`
+    (each call appended to `timings`). Returns the tiles by activation."""
     if 32 not in device.bits or not device.blocks:
         pytest.skip("no fp32 kernels on this machine")
     from sparta_explore.kernels.bsr_codegen import TileConfig
 
     monkeypatch.setattr("sparta_explore.kernels.fused_ffn.FusedPair.whole_tiles", 0)
-    # each op's tile search chose its own tiling: fc1 (GELU) one, fc2 another
     tiles = {"gelu": TileConfig(rows=4, vectors=2, single_vectors=2), "none": TileConfig(rows=4, vectors=3,
                                                                                          single_vectors=3)}
     monkeypatch.setattr("sparta_explore.compile.lowering._tile",
                         lambda mask, rows, activation, ctx: {"tile": tiles[activation], "tile_searched": True})
     monkeypatch.setattr("sparta_explore.compile.choose._timed",
                         lambda op, fns, x, runs: {name: 2.0 if name == "dense" else 1.0 for name in fns})
-    monkeypatch.setattr("sparta_explore.compile.kernel_pairs.fastest_ms",
-                        lambda fns, x, rounds, settle=False: {name: 1.0 if name == faster else 2.0 for name in fns})
+
+    def timed(fns, x, rounds, settle=False):
+        if timings is not None:
+            timings.append(sorted(fns))
+        return {name: 1.0 if name == faster else 2.0 for name in fns}
+
+    monkeypatch.setattr("sparta_explore.compile.kernel_pairs.fastest_ms", timed)
+    return tiles
+
+
+@pytest.mark.parametrize("faster", ["fused", "apart"])
+def test_fp32_pairs_of_other_tiles_are_retiled_and_timed(device, cache_dir, monkeypatch, faster):
+    tiles = _other_tiles(device, monkeypatch, faster)
     model = nn.Sequential(nn.Linear(64, 192), nn.GELU(), nn.Linear(192, 48)).eval()
     x = torch.randn(100, 64)
     kept = _pair_masks(model, "sparse")
@@ -187,6 +198,48 @@ def test_fp32_pairs_of_other_tiles_are_retiled_and_timed(device, cache_dir, monk
                                                                   model[0].bias)),
                                     model[2].weight * kept["2.weight"], model[2].bias)
         torch.testing.assert_close(cm(x), want, rtol=1e-5, atol=1e-5 * (1 + float(want.abs().max())))
+
+
+@pytest.mark.parametrize("faster", ["fused", "apart"])
+def test_timed_pairs_of_one_class_share_one_timing(device, cache_dir, monkeypatch, faster):
+    timings = []
+    _other_tiles(device, monkeypatch, faster, timings)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 192), nn.GELU(), nn.Linear(192, 64),
+                          nn.Linear(64, 192), nn.GELU(), nn.Linear(192, 64)).eval()  # two FFN blocks pruned alike
+    x = torch.randn(100, 64)
+    kept = {f"{i}.weight": torch.rand(model[i].weight.shape) > 0.8 for i in (0, 2, 3, 5)}
+    table = se.TeSATable({name: se.TeSA.from_mask(k) for name, k in kept.items()})
+    cm = compile(model, table, (x,), device=device, cache_dir=cache_dir, kernels={"sparse"}, guard=False)
+    # the first block's pair only; kept apart, fc2 -> the next fc1 is a pair too, of its own class
+    assert len(timings) == (1 if faster == "fused" else 2)
+    pairs = [m for m in cm.module.modules() if type(m).__name__ == "FusedFp32Pair"]
+    assert len(pairs) == (2 if faster == "fused" else 0)
+    assert "as timed for '_0'" in " ".join(cm.plan.ops["_3"].notes)
+    with torch.no_grad():
+        want = x
+        for i in (0, 2, 3, 5):
+            want = nn.functional.linear(want, model[i].weight * kept[f"{i}.weight"], model[i].bias)
+            want = nn.functional.gelu(want) if i in (0, 3) else want
+        torch.testing.assert_close(cm(x), want, rtol=1e-5, atol=1e-5 * (1 + float(want.abs().max())))
+
+
+def test_a_block_pattern_covered_by_short_blocks_is_built_by_its_rows(device, cache_dir):
+    """A planner may cover 32x32 blocks with 1x32 ones (its costs say so); the kernel plans the 32 shared rows."""
+    if 32 not in device.bits or not device.blocks:
+        pytest.skip("no fp32 kernels on this machine")
+    from sparta_explore.plan.execution_plan import Candidate, SubOp
+
+    torch.manual_seed(0)
+    layer = nn.Linear(96, 80)
+    kept = (torch.rand(3, 3) < 0.5).repeat_interleave(32, 0).repeat_interleave(32, 1)[:80, :96]
+    sub = SubOp("sparse", (1, 32), 32, 32, int(kept.sum()) // 32, kept)
+    built = lower(Candidate("sparse", (sub,), 1.0), LowerContext(layer, "gelu", 64, cache_dir, False))
+    assert built.block_rows == 32
+    x = torch.randn(70, 96)
+    with torch.no_grad():
+        want = nn.functional.gelu(nn.functional.linear(x, layer.weight * kept, layer.bias))
+        torch.testing.assert_close(built(x), want, rtol=1e-5, atol=1e-5 * (1 + float(want.abs().max())))
 
 
 def test_int8_pairs_at_too_few_tiles_are_not_tried(device, cache_dir, monkeypatch):

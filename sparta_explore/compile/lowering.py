@@ -22,6 +22,7 @@ from torch import nn
 from sparta_explore.fake_quant import fake_quantize_rows
 from sparta_explore.kernels.conv_geometry import ConvGeometry
 from sparta_explore.kernels.dense import DenseConv2d, DenseLinear, ShrunkConv2d, SummedParts
+from sparta_explore.kernels.groups import shared_rows
 from sparta_explore.kernels.permute_int8 import int8_kernel_for
 from sparta_explore.kernels.shrink import ShrunkLinear
 from sparta_explore.kernels.sparse_conv import ImplicitConvLinear, Int8ConvLinear, SparseConv2d
@@ -119,10 +120,16 @@ def _shrink_linear(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.M
     return ShrunkLinear(part_weight(ctx.module, sub), bias, sub.mask, activation, act_bits=sub.act_bits)
 
 
+def _block_rows(mask: torch.Tensor, sub: SubOp) -> int:
+    # the rows the pattern's blocks really span, whatever block shape the planner covered it with (groups.py)
+    return shared_rows(mask.cpu().numpy(), sub.block[0])
+
+
 @register_builder("sparse", "linear")
 def _sparse_linear(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Module:
-    return SparseLinear(part_weight(ctx.module, sub), bias, sub.mask, block_rows=sub.block[0], activation=activation,
-                        cache_dir=ctx.cache_dir, expected_m=ctx.m, **_tile(sub.mask, sub.block[0], activation, ctx))
+    rows = _block_rows(sub.mask, sub)
+    return SparseLinear(part_weight(ctx.module, sub), bias, sub.mask, block_rows=rows, activation=activation,
+                        cache_dir=ctx.cache_dir, expected_m=ctx.m, **_tile(sub.mask, rows, activation, ctx))
 
 
 @register_builder("int8", "linear")
@@ -152,8 +159,9 @@ def _sparse_conv(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Mod
     conv = ctx.module
     weight = part_weight(conv, sub).reshape(conv.out_channels, -1)
     mask = sub.mask.reshape(conv.out_channels, -1)
-    options = dict(block_rows=sub.block[0], activation=activation, cache_dir=ctx.cache_dir, expected_m=ctx.m,
-                   **_tile(mask, sub.block[0], activation, ctx))
+    rows = _block_rows(mask, sub)
+    options = dict(block_rows=rows, activation=activation, cache_dir=ctx.cache_dir, expected_m=ctx.m,
+                   **_tile(mask, rows, activation, ctx))
     if ctx.in_shape is not None and len(ctx.in_shape) == 4:
         geometry = ConvGeometry.of(conv, ctx.in_shape[2:])
         return SparseConv2d(conv, ImplicitConvLinear(weight, bias, mask, geometry, **options))

@@ -17,6 +17,7 @@ from sparta_explore.kernels.groups import (
     pack_weights,
     plan_groups,
     runs,
+    shared_rows,
     unit_segments,
     word_index,
 )
@@ -247,3 +248,27 @@ def test_row_chunks_split_the_work_as_the_loop_did(kind, shape):
     groups = plan_groups(kept, 4)
     g0, g1, *_ = _chunks(groups, shape[0], np.array([], dtype=np.int64))
     assert g0 + [g1[-1]] == _chunk_cuts_loop(groups, CHUNKS)
+
+
+def loop_shared_rows(kept, block_rows, most=32):
+    height = 1
+    for h in (2, 4, 8, 16, 32):
+        if h > most or len(kept) <= height:
+            break
+        if any((kept[i] != kept[i - i % h]).any() for i in range(len(kept))):
+            break
+        height = h
+    return max(block_rows, height)
+
+
+@pytest.mark.parametrize("block", [(1, 1), (2, 4), (8, 8), (16, 1), (32, 32), (64, 2)])
+@pytest.mark.parametrize("n", [1, 31, 64, 100])
+def test_shared_rows_is_the_block_height_the_rows_really_have(block, n):
+    rng = np.random.default_rng(n + block[0])
+    tiles = rng.random((-(-n // block[0]), -(-40 // block[1]))) < 0.3
+    kept = np.repeat(np.repeat(tiles, block[0], axis=0), block[1], axis=1)[:n, :40]
+    got = shared_rows(kept)
+    assert got == loop_shared_rows(kept, 1)
+    assert got >= min(block[0], 32) or n < block[0]  # blocks of h rows: at least h (a ragged last one counts)
+    assert shared_rows(kept, block_rows=64) == 64  # never below what the caller says
+    assert shared_rows(np.zeros((0, 4), dtype=bool)) == 1

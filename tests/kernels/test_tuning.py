@@ -6,7 +6,15 @@ import time
 import torch
 
 from sparta_explore.kernels import SparseLinear, tuning
-from sparta_explore.kernels.tuning import CANDIDATES, candidates, m_bucket, pattern_class, search
+from sparta_explore.kernels.tuning import (
+    BLOCK_CANDIDATES,
+    CANDIDATES,
+    SEGMENT_CANDIDATES,
+    candidates,
+    m_bucket,
+    pattern_class,
+    search,
+)
 
 from .test_sparse_linear import block_mask, check
 
@@ -20,12 +28,20 @@ def test_every_candidate_tiling_is_correct(tmp_path):
         check(layer, 57, 51)
 
 
+def test_tall_blocks_time_the_few_tilings_that_win_for_them():
+    for block in ((8, 8), (32, 32)):
+        kept = block_mask(256, 256, block, 0.1).numpy()  # block rows share their panels: segments too
+        assert candidates(kept, block[0]) == BLOCK_CANDIDATES + SEGMENT_CANDIDATES[:1]
+        assert candidates(kept, 4) == CANDIDATES + SEGMENT_CANDIDATES  # shorter blocks: every tiling
+    assert set(BLOCK_CANDIDATES) <= set(CANDIDATES)
+
+
 def test_search_is_cached_per_pattern_and_bucket(tmp_path):
     w = torch.randn(64, 64)
     kept = block_mask(64, 64, (8, 8), 0.3)
     best = search(w, None, kept, block_rows=8, activation="none", m=64, cache_dir=tmp_path, repeats=2)
     files = list((tmp_path / "tuning").glob("*.json"))
-    offered = candidates(kept.numpy())
+    offered = candidates(kept.numpy(), 8)
     assert len(files) == 1 and best in offered
     record = json.loads(files[0].read_text())
     assert len(record["seconds"]) == len(offered)
@@ -39,7 +55,7 @@ def test_auto_tile_layer_is_correct(tmp_path):
     kept = block_mask(48, 40, (16, 8), 0.5)
     layer = SparseLinear(torch.randn(48, 40), torch.randn(48), kept, block_rows=16, tile="auto", expected_m=64,
                          cache_dir=tmp_path)
-    assert layer.tile in candidates(kept.numpy())
+    assert layer.tile in candidates(kept.numpy(), 16)
     check(layer, 70, 40)
 
 

@@ -10,7 +10,8 @@ with a non-zero weight is; per-element ops, pooling, eval BatchNorm and depthwis
 pass a channel's state on; a binary op with a constant operand passes the other's.
 
 At each linear / groups-1 conv that reads independent channels, their contribution is
-computed once from the example run (every sample holds the same value there) and added to
+computed once from a run on the example's first item (every item holds the same value there;
+the whole example runs when the graph cannot take one item) and added to
 the bias, or, when it is not the same at every position (a padded conv of a constant
 map), added after the op as a map for that input size (`CompiledModel` then runs only
 inputs of that size). Those weight columns become zero and pruned in the table; then
@@ -51,6 +52,7 @@ from sparta_explore.compile.passes.graph_edit import (
     editable,
     example_values,
     finished,
+    first_item_values,
     set_module,
 )
 from sparta_explore.graph import Graph
@@ -193,7 +195,8 @@ def constant_channels(graph: Graph, table: Table, options: PassOptions) -> PassR
     if not folds:
         return PassResult(graph, table, counts)
     read = {n.name: n.args[0].name for n, _ in folds}  # before any bias map stands between two fold points
-    values = example_values(graph, list(read.values()))
+    # input-independent values are alike in every item: one item's run has them (the full example's if it must)
+    values = first_item_values(graph, read.values()) or example_values(graph, read.values())
     entries = dict(table)
     notes = []
     for node, indep in folds:

@@ -146,6 +146,38 @@ def example_values(graph: Graph, names: Iterable[str]) -> dict[str, Any]:
     return keeper.values
 
 
+def first_item_values(graph: Graph, names: Iterable[str]) -> dict[str, Any] | None:
+    """The values of the named nodes when `graph` runs on the first item (along dim 0) of its example inputs,
+    or None when that run is not the example's with one item: the inputs do not share a batch size over 1, the
+    graph fails on one item, or a named value's shape is not its recorded shape with 1 item.
+
+    For values no input can change (`constant_channels`): every item holds them alike, and one item costs a
+    fraction of the example's run (BERT-base at 8 x 128: 0.12 of 1 s).
+
+    Example:
+        >>> first_item_values(graph, ["relu_1"])["relu_1"].shape   # doctest: +SKIP
+        torch.Size([1, 64, 16, 16])
+    """
+    names = set(names)
+    tensors = [x for x in graph.example_inputs if isinstance(x, torch.Tensor)]
+    batch = tensors[0].shape[0] if tensors and tensors[0].dim() else 0
+    if batch <= 1 or any(x.dim() == 0 or x.shape[0] != batch for x in tensors):
+        return None
+    keeper = _Keeper(graph.module, names)
+    one = tuple(x[:1] if isinstance(x, torch.Tensor) else x for x in graph.example_inputs)
+    try:
+        with torch.inference_mode():
+            keeper.run(*one)
+    except Exception:  # noqa: BLE001  (any failure of a model's forward on one item: the full example decides)
+        return None
+    for name in names:
+        value, info = keeper.values.get(name), graph.tensors.get(name)
+        if not isinstance(value, torch.Tensor) or info is None or tuple(info.shape) != (batch, *value.shape[1:]) \
+                or value.shape[0] != 1:
+            return None
+    return keeper.values
+
+
 def node_named(gm: fx.GraphModule, name: str) -> fx.Node:
     """The node of `gm` called `name` (a `KeyError` naming it if there is none)."""
     for n in gm.graph.nodes:
