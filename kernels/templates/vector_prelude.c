@@ -37,6 +37,30 @@ static inline vf vexp_neg(vf y) {
     return p * (vf)((n + 127) << 23);
 }
 
+#if VEC == 16 && defined(__AVX512F__)
+static inline vf vsilu(vf x) {
+    /* as below, in intrinsics: the clamp a max, the selects mask blends (generic vector selects cost a
+       compare, a mask-to-vector move and a blend each) */
+    const __m512 X = (__m512)x, one = _mm512_set1_ps(1.0f), magic = _mm512_set1_ps(12582912.0f);
+    const __m512 y = _mm512_max_ps(_mm512_or_ps(X, _mm512_set1_ps(-0.0f)), _mm512_set1_ps(-80.0f));
+    const __m512 fn = _mm512_fmadd_ps(y, _mm512_set1_ps(1.44269504088896341f), magic);
+    const __m512 nf = _mm512_sub_ps(fn, magic);
+    const __m512i n = _mm512_sub_epi32(_mm512_castps_si512(fn), _mm512_castps_si512(magic));
+    const __m512 r = _mm512_fmadd_ps(nf, _mm512_set1_ps(2.12194440e-4f),
+                                     _mm512_fnmadd_ps(nf, _mm512_set1_ps(0.693359375f), y));
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.9875691500e-4f), r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), one);
+    const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23));
+    const __m512 e = _mm512_mul_ps(p, scale);
+    const __m512 s = (__m512)vrcp((vf)_mm512_add_ps(one, e));
+    const __mmask16 negative = _mm512_cmp_ps_mask(X, _mm512_setzero_ps(), _CMP_LT_OQ);
+    return (vf)_mm512_mul_ps(X, _mm512_mask_blend_ps(negative, s, _mm512_mul_ps(e, s)));
+}
+#else
 static inline vf vsilu(vf x) {
     /* x * sigmoid(x) from e = exp(-|x|) <= 1 (never overflows): sigmoid = 1 / (1 + e) for x >= 0,
        e / (1 + e) below; exp(-|x|) < e^-80 reads as e^-80, off by < 1e-34 */
@@ -45,6 +69,7 @@ static inline vf vsilu(vf x) {
     const vf s = vrcp(one + e);
     return x * vsel(x < zero, e * s, s);
 }
+#endif
 
 #if VEC == 16 && defined(__AVX512F__)
 /* Phi(-a) for a in [0, 5.5) as 16 pieces of degree 6 in a - 0.34375 i, fitted at Chebyshev nodes to
@@ -58,18 +83,23 @@ static const float GELU_C4[16] __attribute__((aligned(64))) = {1.466000977e-04f,
 static const float GELU_C5[16] __attribute__((aligned(64))) = {-1.060726959e-02f, -7.460477762e-03f, -7.500451757e-04f, 4.868684802e-03f, 6.478284951e-03f, 4.588002339e-03f, 1.619187067e-03f, -4.726340121e-04f, -1.197903999e-03f, -1.044620993e-03f, -6.337473751e-04f, -3.017837007e-04f, -1.180798645e-04f, -3.884771286e-05f, -1.089297348e-05f, -2.626218702e-06f};
 static const float GELU_C6[16] __attribute__((aligned(64))) = {1.369872480e-03f, 3.084053053e-03f, 2.672565635e-03f, 8.490514592e-04f, -8.189357468e-04f, -1.388654811e-03f, -1.017902163e-03f, -3.773568897e-04f, 5.416775457e-05f, 1.916703477e-04f, 1.611656626e-04f, 9.134284483e-05f, 4.015475861e-05f, 1.440838332e-05f, 4.327835995e-06f, 1.104311764e-06f};
 static inline vf vgelu(vf x) {
-    const vf zero = x - x, one = zero + 1.0f, edge = zero + 5.5f;
-    const vf a = (vf)((vi)x & 0x7fffffff);
-    vi i = __builtin_convertvector(vsel(a < edge, a, edge) * (16.0f / 5.5f), vi);
-    i = (vi)vsel(i > 15, (vf)(i - i + 15), (vf)i);
-    const vf t = a - __builtin_convertvector(i, vf) * (5.5f / 16.0f);
-#define GELU_PIECE(k) ((vf)_mm512_permutexvar_ps((__m512i)i, _mm512_load_ps(GELU_C##k)))
-    vf q = GELU_PIECE(6);
-    q = q * t + GELU_PIECE(5); q = q * t + GELU_PIECE(4); q = q * t + GELU_PIECE(3);
-    q = q * t + GELU_PIECE(2); q = q * t + GELU_PIECE(1); q = q * t + GELU_PIECE(0);
+    /* in intrinsics: compares into mask registers, min for the clamps; generic vector selects cost three
+       instructions each (compare, mask to vector, blend), a third of the function */
+    const __m512 X = (__m512)x, one = _mm512_set1_ps(1.0f), edge = _mm512_set1_ps(5.5f);
+    const __m512 a = _mm512_abs_ps(X);
+    /* a clamped just below the edge: the piece index stays <= 15 without a clamp of its own */
+    const __m512i i = _mm512_cvttps_epi32(_mm512_mul_ps(_mm512_min_ps(a, _mm512_set1_ps(5.4999995f)),
+                                                         _mm512_set1_ps(16.0f / 5.5f)));
+    const __m512 t = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(5.5f / 16.0f), a);
+#define GELU_PIECE(k) _mm512_permutexvar_ps(i, _mm512_load_ps(GELU_C##k))
+    __m512 q = GELU_PIECE(6);
+    q = _mm512_fmadd_ps(q, t, GELU_PIECE(5)); q = _mm512_fmadd_ps(q, t, GELU_PIECE(4));
+    q = _mm512_fmadd_ps(q, t, GELU_PIECE(3)); q = _mm512_fmadd_ps(q, t, GELU_PIECE(2));
+    q = _mm512_fmadd_ps(q, t, GELU_PIECE(1)); q = _mm512_fmadd_ps(q, t, GELU_PIECE(0));
 #undef GELU_PIECE
-    q = vsel(a < edge, q, zero);
-    return x * vsel(x < zero, q, one - q);
+    q = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, edge, _CMP_LT_OQ), q);  /* Phi(-a) past the edge: 0 */
+    const __mmask16 negative = _mm512_cmp_ps_mask(X, _mm512_setzero_ps(), _CMP_LT_OQ);
+    return (vf)_mm512_mul_ps(X, _mm512_mask_blend_ps(negative, _mm512_sub_ps(one, q), q));
 }
 #else
 static inline vf vgelu(vf x) {
