@@ -216,8 +216,8 @@ def finish_tile(act: str, before_unpack: str = "") -> str:
 {before_unpack}            if (Y) unpack_tile(yb, Y, m0, mt, C_N0[c0], C_N1[c1 - 1], P);  /* NULL: fused, yb read */"""
 
 
-_WIDE_NAMES = {"vf": "wf", "vi": "wi", "vsel": "wsel", "vrcp": "wrcp", "vexp_neg": "wexp_neg", "vgelu": "wgelu",
-               "vsilu": "wsilu",
+_WIDE_NAMES = {"vf": "wf", "vi": "wi", "vsel": "wsel", "vrcp": "wrcp", "vmax": "wmax", "vexp_neg": "wexp_neg",
+               "vgelu": "wgelu", "vsilu": "wsilu",
                "LD": "WLD", "ST": "WST"}
 
 

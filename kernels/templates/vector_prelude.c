@@ -8,16 +8,21 @@ typedef int32_t vi __attribute__((vector_size(VEC * 4), aligned(4)));
 
 static inline vf vsel(vi mask, vf a, vf b) { return (vf)(((vi)a & mask) | ((vi)b & ~mask)); }
 
-/* 1 / d for d in [1, 2^20] (GELU's and SiLU's denominators): the CPU's reciprocal estimate (2^-14 or
-   2^-12) and one Newton step (2^-23 or better). A vector division cost GELU a third of its cycles. */
+/* vrcp: 1 / d for d in [1, 2^20] (GELU's and SiLU's denominators): the CPU's reciprocal estimate (2^-14 or
+   2^-12) and one Newton step (2^-23 or better). A vector division cost GELU a third of its cycles.
+   vmax(a, b): b where a is below it (a clamp; a NaN a gives b on AVX), one instruction where the CPU has it: a
+   generic select is a compare, a mask-to-vector move and a blend on AVX-512 */
 #if VEC == 16 && defined(__AVX512F__)
 #include <immintrin.h>
 static inline vf vrcp(vf d) { const vf r = (vf)_mm512_rcp14_ps((__m512)d); return r * (2.0f - d * r); }
+static inline vf vmax(vf a, vf b) { return (vf)_mm512_max_ps((__m512)a, (__m512)b); }
 #elif VEC == 8 && defined(__AVX__)
 #include <immintrin.h>
 static inline vf vrcp(vf d) { const vf r = (vf)_mm256_rcp_ps((__m256)d); return r * (2.0f - d * r); }
+static inline vf vmax(vf a, vf b) { return (vf)_mm256_max_ps((__m256)a, (__m256)b); }
 #else
 static inline vf vrcp(vf d) { return 1.0f / d; }
+static inline vf vmax(vf a, vf b) { return vsel(a < b, b, a); }
 #endif
 
 static inline vf vexp_neg(vf y) {
@@ -25,7 +30,7 @@ static inline vf vexp_neg(vf y) {
        1.5 * 2^23 (its low bits are n). y is clamped at -80: results stay far from denormals,
        whose arithmetic is slow (callers zero what lies below) */
     const vf zero = y - y, magic = zero + 12582912.0f;
-    y = vsel(y < zero - 80.0f, zero - 80.0f, y);
+    y = vmax(y, zero - 80.0f);
     const vf fn = y * 1.44269504088896341f + magic;
     const vf nf = fn - magic;
     const vi n = (vi)fn - (vi)magic;
@@ -39,23 +44,10 @@ static inline vf vexp_neg(vf y) {
 
 #if VEC == 16 && defined(__AVX512F__)
 static inline vf vsilu(vf x) {
-    /* as below, in intrinsics: the clamp a max, the selects mask blends (generic vector selects cost a
-       compare, a mask-to-vector move and a blend each) */
-    const __m512 X = (__m512)x, one = _mm512_set1_ps(1.0f), magic = _mm512_set1_ps(12582912.0f);
-    const __m512 y = _mm512_max_ps(_mm512_or_ps(X, _mm512_set1_ps(-0.0f)), _mm512_set1_ps(-80.0f));
-    const __m512 fn = _mm512_fmadd_ps(y, _mm512_set1_ps(1.44269504088896341f), magic);
-    const __m512 nf = _mm512_sub_ps(fn, magic);
-    const __m512i n = _mm512_sub_epi32(_mm512_castps_si512(fn), _mm512_castps_si512(magic));
-    const __m512 r = _mm512_fmadd_ps(nf, _mm512_set1_ps(2.12194440e-4f),
-                                     _mm512_fnmadd_ps(nf, _mm512_set1_ps(0.693359375f), y));
-    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.9875691500e-4f), r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), one);
-    const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23));
-    const __m512 e = _mm512_mul_ps(p, scale);
+    /* as below, the final select a mask blend (a generic vector select costs a compare, a mask-to-vector move
+       and a blend) */
+    const __m512 X = (__m512)x, one = _mm512_set1_ps(1.0f);
+    const __m512 e = (__m512)vexp_neg((vf)((vi)x | INT32_MIN));  /* -|x|: the sign bit set */
     const __m512 s = (__m512)vrcp((vf)_mm512_add_ps(one, e));
     const __mmask16 negative = _mm512_cmp_ps_mask(X, _mm512_setzero_ps(), _CMP_LT_OQ);
     return (vf)_mm512_mul_ps(X, _mm512_mask_blend_ps(negative, s, _mm512_mul_ps(e, s)));
