@@ -7,12 +7,14 @@ import torch.nn.functional as F
 from sparta_explore.kernels import Int8SparseLinear
 from sparta_explore.kernels.int8_codegen import pack_pairs, quantize_rows
 
+from .grids import pairwise
 from .test_sparse_linear import block_mask, check
 
 
-@pytest.mark.parametrize("block", [(32, 32), (1, 32), (16, 16), (1, 1)])
-@pytest.mark.parametrize("shape", [(96, 128), (70, 45)])  # odd K exercises the k-pair padding
-@pytest.mark.parametrize("density", [0.0, 0.1, 1.0])
+@pytest.mark.parametrize("block, shape, density", pairwise(
+    [(32, 32), (1, 32), (16, 16), (1, 1)],
+    [(96, 128), (70, 45)],  # odd K exercises the k-pair padding
+    [0.0, 0.1, 1.0]))
 def test_int8_patterns_match_quantized_reference(tmp_path, block, shape, density):
     n, k = shape
     layer = Int8SparseLinear(torch.randn(n, k), torch.randn(n), block_mask(n, k, block, density),

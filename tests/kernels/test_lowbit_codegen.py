@@ -10,12 +10,14 @@ from sparta_explore.kernels.groups import align_segments, plan_groups
 from sparta_explore.kernels.int8_codegen import prepare_groups
 from sparta_explore.kernels.lowbit_codegen import MAX_STEPS, accumulate_steps, offset_correction, pack_quads
 
+from .grids import pairwise
 from .test_sparse_linear import block_mask, check
 
 
-@pytest.mark.parametrize("block", [(32, 32), (1, 32), (16, 16), (4, 8)])
-@pytest.mark.parametrize("shape", [(96, 128), (70, 45), (20, 300)])  # ragged edges, odd K, K > N
-@pytest.mark.parametrize("density", [0.0, 0.1, 1.0])
+@pytest.mark.parametrize("block, shape, density", pairwise(
+    [(32, 32), (1, 32), (16, 16), (4, 8)],
+    [(96, 128), (70, 45), (20, 300)],  # ragged edges, odd K, K > N
+    [0.0, 0.1, 1.0]))
 def test_u8_variant_matches_quantized_reference(tmp_path, block, shape, density):
     n, k = shape
     layer = Int8SparseLinear(torch.randn(n, k), torch.randn(n), block_mask(n, k, block, density),

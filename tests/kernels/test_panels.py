@@ -12,6 +12,7 @@ from sparta_explore.kernels.int8_codegen import panel_k_for
 from sparta_explore.kernels.panels import ONE_WORD, cut_panels
 from sparta_explore.kernels.vnni_codegen import DOT_MODES
 
+from .grids import pairwise
 from .test_sparse_linear import block_mask, check
 
 needs_avx2 = pytest.mark.skipif("avx2" not in cpu_flags(), reason="int8 kernels need AVX2")
@@ -68,13 +69,16 @@ def test_only_scattered_patterns_outgrowing_l1_take_panels():
     assert panel_k_for("vnni", DOT_MODES["avx512_vnni"], blocks, 4096) == 0
 
 
+def _variant_id(value) -> str:
+    return f"{value['dot']}-w{value.get('weight_bits', 8)}" if isinstance(value, dict) else str(value)
+
+
 VARIANTS = [dict(dot=None), dict(dot=None, weight_bits=4)] + [dict(dot=m, emulate_dot=True) for m in sorted(DOT_MODES)]
 
 
 @needs_avx2
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v['dot']}-w{v.get('weight_bits', 8)}")
-@pytest.mark.parametrize("block", [(1, 1), (1, 32), (16, 16)])
-@pytest.mark.parametrize("act", ["none", "gelu"])
+@pytest.mark.parametrize("variant, block, act", pairwise(VARIANTS, [(1, 1), (1, 32), (16, 16)], ["none", "gelu"],
+                                                         ids=_variant_id))
 def test_int8_kernels_are_exact_over_many_panels(tmp_path, monkeypatch, variant, block, act):
     # 8 k per panel: every group spills and reloads its int32 sums several times, on every variant
     monkeypatch.setattr(sparse_linear_module, "panel_k_for", lambda *args: 8)

@@ -19,12 +19,17 @@ from sparta_explore.kernels import sparse_linear as sparse_linear_module
 from sparta_explore.kernels.bsr_codegen import TileConfig
 from sparta_explore.kernels.pattern_data import PatternTables, pattern_struct
 
+from .grids import pairwise
 from .test_sparse_linear import block_mask, check
 
 needs_avx2 = pytest.mark.skipif("avx2" not in cpu_flags(), reason="int8 kernels need AVX2")
 PATTERNS = [((1, 1), 0.1), ((32, 32), 0.3), ((1, 32), 0.3), ((4, 4), 0.0)]  # the last: all-zero weights
 SHAPES = [(70, 45), (96, 128)]  # ragged edges, whole blocks
 TILES = [TileConfig(), TileConfig(6, 2, 6, layout="segments"), TileConfig(4, 3, 6, panel=True)]
+
+
+def _tile_id(value) -> str:
+    return f"{value.layout}{'-panel' if value.panel else ''}" if isinstance(value, TileConfig) else str(value)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -50,9 +55,7 @@ def _weights(shape, pattern, density):
     return w, b, kept
 
 
-@pytest.mark.parametrize("pattern, density", PATTERNS, ids=str)
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("tile", TILES, ids=lambda t: f"{t.layout}{'-panel' if t.panel else ''}")
+@pytest.mark.parametrize("pattern, density, shape, tile", pairwise(PATTERNS, SHAPES, TILES, spread=(0,), ids=_tile_id))
 def test_fp32_data_kernels_equal_baked_ones(monkeypatch, tmp_path, pattern, density, shape, tile):
     w, b, kept = _weights(shape, pattern, density)
     baked, data = _both(monkeypatch, lambda: SparseLinear(w, b, kept, block_rows=pattern[0], activation="gelu",
@@ -64,9 +67,8 @@ def test_fp32_data_kernels_equal_baked_ones(monkeypatch, tmp_path, pattern, dens
 
 
 @needs_avx2
-@pytest.mark.parametrize("pattern, density", PATTERNS, ids=str)
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("dot, weight_bits", [(None, 8), (None, 4), ("auto", 8)])
+@pytest.mark.parametrize("pattern, density, shape, dot, weight_bits",
+                         pairwise(PATTERNS, SHAPES, [(None, 8), (None, 4), ("auto", 8)], spread=(0, 2)))
 def test_int8_data_kernels_equal_baked_ones(monkeypatch, tmp_path, pattern, density, shape, dot, weight_bits):
     w, b, kept = _weights(shape, pattern, density)
     baked, data = _both(monkeypatch, lambda: Int8SparseLinear(w, b, kept, block_rows=pattern[0], activation="relu",

@@ -16,6 +16,7 @@ from sparta_explore.kernels.permute_int8 import (
     prefers_permute,
 )
 
+from .grids import pairwise
 from .test_sparse_linear import block_mask, check, same_after_copies
 
 native = pytest.mark.skipif(not has_permute(), reason=f"needs {' and '.join(sorted(NEEDS))} (AVX-512 VBMI + VNNI)")
@@ -51,9 +52,10 @@ def test_steps_equal_the_loop_over_blocks_and_windows(shape, density):
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("emulate", MODES)
-@pytest.mark.parametrize("shape", [(96, 128), (70, 45), (13, 300), (33, 64)])  # rows and k ragged to 16 and 64
-@pytest.mark.parametrize("density", [0.0, 0.1, 0.4, 1.0])  # all-zero weights ... a full window (16 steps)
+@pytest.mark.parametrize("emulate, shape, density", pairwise(
+    MODES,
+    [(96, 128), (70, 45), (13, 300), (33, 64)],  # rows and k ragged to 16 and 64
+    [0.0, 0.1, 0.4, 1.0]))  # all-zero weights ... a full window (16 steps)
 def test_permute_kernel_matches_the_quantized_reference(tmp_path, emulate, shape, density):
     n, k = shape
     layer = PermutedInt8Linear(torch.randn(n, k), torch.randn(n), block_mask(n, k, (1, 1), density, seed=n),

@@ -9,6 +9,7 @@ from sparta_explore.kernels.bsr_codegen import TileConfig
 from sparta_explore.kernels.segment_codegen import pack_segment_weights, panel_width, plan_segments, row_chunks, sharing
 from sparta_explore.kernels.tuning import MIN_SHARING, candidates, default_tile
 
+from .grids import pairwise
 from .test_sparse_linear import block_mask, check
 
 SEGMENT_TILES = [TileConfig(6, 2, 6, layout="segments"), TileConfig(2, 4, 8, layout="segments"),
@@ -16,16 +17,18 @@ SEGMENT_TILES = [TileConfig(6, 2, 6, layout="segments"), TileConfig(2, 4, 8, lay
 
 
 SHAPES = [(96, 128), (70, 45), (20, 300)]  # ragged edges; K > N takes the panel-outer order
-CASES = ([(SEGMENT_TILES[0], block, shape, density) for block in [(1, 32), (32, 32), (1, 64), (4, 8), (1, 1)]
-          for shape in SHAPES for density in (0.0, 0.1, 0.5, 1.0)]  # all-zero ... fully dense
-         + [(tile, block, shape, 0.5) for tile in SEGMENT_TILES[1:] for block in [(1, 32), (4, 8)] for shape in SHAPES])
 
 
 def case_id(value) -> str:
     return f"{value.rows}x{value.vectors}/{value.single_vectors}" if isinstance(value, TileConfig) else str(value)
 
 
-@pytest.mark.parametrize("tile, block, shape, density", CASES, ids=case_id)
+CASES = (pairwise(SEGMENT_TILES[:1], [(1, 32), (32, 32), (1, 64), (4, 8), (1, 1)], SHAPES,
+                  [0.0, 0.1, 0.5, 1.0], ids=case_id)  # all-zero ... fully dense
+         + pairwise(SEGMENT_TILES[1:], [(1, 32), (4, 8)], SHAPES, [0.5], ids=case_id))
+
+
+@pytest.mark.parametrize("tile, block, shape, density", CASES)
 def test_segment_layout_matches_reference(tmp_path, tile, block, shape, density):
     n, k = shape
     w, b = torch.randn(n, k), torch.randn(n)

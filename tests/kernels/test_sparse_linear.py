@@ -13,6 +13,8 @@ from sparta_explore.kernels import sparse_linear as sparse_linear_module
 from sparta_explore.kernels.bsr_codegen import TileConfig
 from sparta_explore.kernels.build import KernelBuildError
 
+from .grids import pairwise
+
 
 def block_mask(n, k, block, density, seed=0):
     g = torch.Generator().manual_seed(seed)
@@ -37,9 +39,10 @@ def check(layer, m, k, seed=1):
     assert torch.allclose(got, want, atol=1e-4 * (1 + float(want.abs().max())), rtol=1e-5)
 
 
-@pytest.mark.parametrize("block", [(32, 32), (1, 32), (16, 16), (32, 64), (64, 32), (1, 1)])
-@pytest.mark.parametrize("shape", [(96, 128), (70, 45)])  # the second leaves ragged edge blocks
-@pytest.mark.parametrize("density", [0.0, 0.1, 0.5, 1.0])  # all-zero weights ... fully dense
+@pytest.mark.parametrize("block, shape, density", pairwise(
+    [(32, 32), (1, 32), (16, 16), (32, 64), (64, 32), (1, 1)],
+    [(96, 128), (70, 45)],  # the second leaves ragged edge blocks
+    [0.0, 0.1, 0.5, 1.0]))  # all-zero weights ... fully dense
 def test_block_patterns_match_reference(tmp_path, block, shape, density):
     n, k = shape
     w, b = torch.randn(n, k), torch.randn(n)

@@ -10,6 +10,7 @@ from sparta_explore.kernels.build import cpu_flags
 from sparta_explore.kernels.int8_codegen import generate_int8_source, prepare_groups
 from sparta_explore.kernels.vnni_codegen import DOT_MODES, dot_mode, native_dot_mode
 
+from .grids import pairwise
 from .test_sparse_linear import block_mask, check
 
 MODES = sorted(DOT_MODES)
@@ -17,10 +18,10 @@ needs_avx2 = pytest.mark.skipif("avx2" not in cpu_flags(), reason="int8 kernels 
 
 
 @needs_avx2
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("block", [(32, 32), (1, 32), (4, 4), (1, 1)])
-@pytest.mark.parametrize("shape", [(96, 128), (70, 45), (13, 300)])  # ragged edges, K not a multiple of 4
-@pytest.mark.parametrize("density", [0.0, 0.1, 1.0])  # all-zero weights, mostly empty blocks, dense
+@pytest.mark.parametrize("mode, block, shape, density", pairwise(
+    MODES, [(32, 32), (1, 32), (4, 4), (1, 1)],
+    [(96, 128), (70, 45), (13, 300)],  # ragged edges, K not a multiple of 4
+    [0.0, 0.1, 1.0]))  # all-zero weights, mostly empty blocks, dense
 def test_emulated_vnni_kernels_match_the_quantized_reference(tmp_path, mode, block, shape, density):
     n, k = shape
     layer = Int8SparseLinear(torch.randn(n, k), torch.randn(n), block_mask(n, k, block, density),
@@ -69,9 +70,8 @@ def test_small_m_keeps_narrow_tiles_on_scattered_patterns(tmp_path, monkeypatch,
 
 
 @needs_avx2
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("act", ["relu", "gelu", "silu"])
-@pytest.mark.parametrize("weight_bits,act_bits", [(8, 8), (4, 8), (8, 4)])
+@pytest.mark.parametrize("mode, act, weight_bits, act_bits",
+                         pairwise(MODES, ["relu", "gelu", "silu"], [(8, 8), (4, 8), (8, 4)], spread=(2,)))
 def test_emulated_vnni_with_activations_and_narrow_grids(tmp_path, mode, act, weight_bits, act_bits):
     n, k = 64, 96
     layer = Int8SparseLinear(torch.randn(n, k), torch.randn(n), block_mask(n, k, (16, 16), 0.5), block_rows=16,
