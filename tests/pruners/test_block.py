@@ -7,7 +7,28 @@ from torch import nn
 from sparta_explore import TeSA
 from sparta_explore.errors import ConfigError
 from sparta_explore.pruners import BlockPruneConfig, block_magnitude_masks, prune
-from sparta_explore.pruners.block import block_scores
+from sparta_explore.pruners.block import _keep_lowest_dropped, block_scores
+
+
+def _sorted_drop(scores, n_prune):
+    """What the pruner computed before it selected: a stable sort's first `n_prune` positions dropped."""
+    keep = torch.ones(scores.numel(), dtype=torch.bool)
+    keep[torch.sort(scores.flatten(), stable=True).indices[:max(n_prune, 0)]] = False
+    return keep.reshape(scores.shape)
+
+
+@pytest.mark.parametrize("values", ["distinct", "ties", "all equal", "nan", "zeros"])
+@pytest.mark.parametrize("n_prune", [0, 1, 17, 250, 399, 400])
+def test_selected_drops_are_the_stable_sorts(values, n_prune):
+    g = torch.Generator().manual_seed(n_prune)
+    scores = {"distinct": torch.rand(20, 20, generator=g),
+              "ties": torch.randint(0, 5, (20, 20), generator=g).float(),  # thresholds inside runs of equal scores
+              "all equal": torch.full((20, 20), 0.5),
+              "nan": torch.where(torch.rand(20, 20, generator=g) < 0.1, float("nan"), torch.rand(20, 20, generator=g)),
+              "zeros": torch.zeros(20, 20)}[values]
+    got = _keep_lowest_dropped(scores, n_prune)
+    assert torch.equal(got, _sorted_drop(scores, n_prune))
+    assert int((~got).sum()) == min(n_prune, scores.numel())
 
 
 def _linear(out_f, in_f, seed=0):
