@@ -26,7 +26,7 @@ import torch
 
 from sparta_explore.cache import atomic_write, content_key, resolve_cache_dir
 from sparta_explore.kernels.bsr_codegen import TileConfig
-from sparta_explore.kernels.build import compiler_version, cpu_flags
+from sparta_explore.kernels.build import compiler_version, cpu_flags, vector_width
 from sparta_explore.kernels.segment_codegen import sharing
 
 CANDIDATES = (TileConfig(4, 3, 6), TileConfig(4, 2, 4), TileConfig(2, 3, 6), TileConfig(4, 3, 3), TileConfig(2, 4, 8),
@@ -39,8 +39,9 @@ TUNING_VERSION = 13  # 10: long runs and sharing capped; 11: shapes to half an o
 
 
 # Blocks of 8 rows or more (8x8 .. 32x32 at 90%, BERT shapes 704..3072 x 768..3072, with and without GELU): the
-# best of these was the best of all 10 in 30 searches, AVX-512 and AVX2 builds alike; 4x3x3 wins at AVX-512,
-# 6x2 at AVX2; every other tiling was 1.09-5.4x the best. Their searches were 2.4-3.0 s of an empty-cache compile.
+# best of these was the best of all 10 in 30 searches, AVX-512 and AVX2 builds alike (4x3x3 for few rows on
+# AVX-512, 6x2 otherwise: `default_tile`); every other tiling was 1.09-5.4x the best. Their searches were
+# 2.4-3.0 s of an empty-cache compile.
 BLOCK_ROWS_NARROW = 8
 BLOCK_CANDIDATES = (TileConfig(4, 3, 3), TileConfig(6, 2, 6))
 
@@ -60,15 +61,26 @@ def candidates(kept: np.ndarray, block_rows: int = 1) -> tuple[TileConfig, ...]:
     return CANDIDATES + (SEGMENT_CANDIDATES if shared else ())
 
 
-def default_tile(kept: np.ndarray, block_rows: int) -> TileConfig:
-    """The tiling to use without a search: one-row blocks whose rows share panels (1x32) go segment-major.
+def default_tile(kept: np.ndarray, block_rows: int, m: int | None = None) -> TileConfig:
+    """The tiling to use without a search, for about `m` rows of input (None: unknown, taken as few).
+
+    One-row blocks whose rows share panels (1x32) go segment-major. Blocks of `BLOCK_ROWS_NARROW` rows or more
+    take the block tiling that wins their searches: 6x2 (M tiles of 6 vectors), but 4x3x3 (3 vectors) for a
+    few rows on 16-float vectors, whose wide tiles leave a ragged tail. Measured at 90%, 8x8 to 32x32, BERT FFN
+    shapes, with and without GELU (Zen 5): the other was 1.01-1.26x the winner (2.98x once), the general default
+    4x3x6 1.06-3.21x.
 
     Example:
         >>> default_tile(np.ones((64, 64), dtype=bool), block_rows=1).layout
         'segments'
+        >>> default_tile(np.ones((64, 64), dtype=bool), block_rows=32, m=4096)
+        TileConfig(rows=6, vectors=2, single_vectors=6, panel=False, layout='rows')
     """
     if block_rows == 1 and sharing(kept) >= MIN_SHARING:
         return SEGMENT_CANDIDATES[0]
+    if block_rows >= BLOCK_ROWS_NARROW:
+        few = m is None or m_bucket(m) == "small"
+        return BLOCK_CANDIDATES[0] if few and vector_width() == 16 else BLOCK_CANDIDATES[1]
     return TileConfig()
 
 

@@ -27,7 +27,8 @@ import torch
 from sparta_explore.cache import atomic_write, content_key, resolve_cache_dir
 from sparta_explore.timing import interleaved_ms
 
-PROFILE_VERSION = 6  # 4: int8 dense on VNNI; 5: scattered rows step one word at a time; 6: flat loops, int8 K panels
+PROFILE_VERSION = 7  # 4: int8 dense on VNNI; 5: scattered rows step one word at a time; 6: flat loops, int8 K panels;
+# 7: tall blocks measured with their own default tiling (`tuning.default_tile`)
 BLOCKS: tuple[tuple[int, int], ...] = ((1, 1), (1, 32), (16, 16), (32, 32), (32, 64), (64, 32), (64, 64))
 FP32, INT8 = 32, 8
 
@@ -274,7 +275,7 @@ def measure_profile(shape: ProfileShape, *, key: str = "", cache_dir: str | os.P
     for b in bits:
         for block in blocks:
             kept, blocks_of[(b, *block)] = _block_pattern(shape, block, gen)
-            tile = {"tile": default_tile(kept.numpy(), block[0])} if b == FP32 else {}
+            tile = {"tile": default_tile(kept.numpy(), block[0], m)} if b == FP32 else {}
             ops[(b, *block)] = builders[b](weight, None, kept, block_rows=block[0], cache_dir=cache_dir, check=False,
                                            **tile)
     ops[("dense", FP32)] = lambda t: F.linear(t, weight)

@@ -60,7 +60,7 @@ def _tile(mask: torch.Tensor, block_rows: int, activation: str, ctx: LowerContex
     found = searched(kept, block_rows, activation, ctx.m, ctx.cache_dir) if ctx.searched_tiles else None
     if found is not None:
         return {"tile": found, "tile_searched": True}
-    return {"tile": default_tile(kept, block_rows)}
+    return {"tile": default_tile(kept, block_rows, ctx.m)}
 
 
 Builder = Callable[[SubOp, torch.Tensor | None, str, LowerContext], nn.Module]

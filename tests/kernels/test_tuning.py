@@ -11,6 +11,7 @@ from sparta_explore.kernels.tuning import (
     CANDIDATES,
     SEGMENT_CANDIDATES,
     candidates,
+    default_tile,
     m_bucket,
     pattern_class,
     search,
@@ -34,6 +35,18 @@ def test_tall_blocks_time_the_few_tilings_that_win_for_them():
         assert candidates(kept, block[0]) == BLOCK_CANDIDATES + SEGMENT_CANDIDATES[:1]
         assert candidates(kept, 4) == CANDIDATES + SEGMENT_CANDIDATES  # shorter blocks: every tiling
     assert set(BLOCK_CANDIDATES) <= set(CANDIDATES)
+
+
+def test_tall_blocks_default_to_a_tiling_their_searches_pick(monkeypatch):
+    kept = block_mask(256, 256, (32, 32), 0.1).numpy()
+    few_rows_on = {16: BLOCK_CANDIDATES[0], 8: BLOCK_CANDIDATES[1]}  # AVX-512's wide M tiles leave a ragged tail
+    for width, few in few_rows_on.items():
+        many = BLOCK_CANDIDATES[1]
+        monkeypatch.setattr(tuning, "vector_width", lambda width=width: width)
+        assert default_tile(kept, 32, m=128) == few and default_tile(kept, 32) == few  # unknown M: taken as few
+        assert default_tile(kept, 32, m=4096) == many
+        assert default_tile(kept, 4, m=4096) == tuning.TileConfig()  # short blocks keep the general default
+    assert set(BLOCK_CANDIDATES) <= set(candidates(kept, 32))
 
 
 def test_search_is_cached_per_pattern_and_bucket(tmp_path):
