@@ -44,6 +44,38 @@ TUNING_VERSION = 13  # 10: long runs and sharing capped; 11: shapes to half an o
 # 2.4-3.0 s of an empty-cache compile.
 BLOCK_ROWS_NARROW = 8
 BLOCK_CANDIDATES = (TileConfig(4, 3, 3), TileConfig(6, 2, 6))
+# Scattered one-row patterns (unstructured, `scattered`): 72 searches over 5%, 10% and 25% kept, BERT shapes 768 and
+# 3072 square and FFN, with and without GELU, M 128 and 2048, AVX-512 and AVX2 builds: these 4 held the best of
+# all 8 in 68, and were within 4% of it in the rest (where 2x3x6, 4x3x6 or 6x2 won by <= 4%). 4x2x4 wins for few
+# rows, 4x3x3 for many at AVX-512, 2x4x8 at AVX2, its K-panel form at 25% kept.
+SCATTERED_CANDIDATES = (TileConfig(4, 2, 4), TileConfig(4, 3, 3), TileConfig(2, 4, 8), TileConfig(2, 4, 8, panel=True))
+SCATTERED_RUN = 2.0  # kept runs along k shorter than this on average: scattered (1.1 at 90% unstructured, 1.33 at 75%)
+
+
+def mean_run(kept: np.ndarray) -> float:
+    """The mean length of the runs of kept weights along k (0 with none kept).
+
+    Example:
+        >>> mean_run(np.array([[1, 1, 0, 1], [0, 0, 0, 0]], dtype=bool))
+        1.5
+    """
+    kept = np.asarray(kept, dtype=bool)
+    total = int(kept.sum())
+    starts = total - int(np.count_nonzero(kept[:, 1:] & kept[:, :-1]))
+    return total / starts if starts else 0.0
+
+
+def scattered(kept: np.ndarray, block_rows: int, shared: float | None = None) -> bool:
+    """Whether `kept` is one-row blocks in short runs, rows sharing no panel pattern: unstructured pruning
+    (`shared`: `segment_codegen.sharing(kept)`, when known).
+
+    Example:
+        >>> scattered(np.eye(64, dtype=bool), 1), scattered(np.ones((64, 64), dtype=bool), 1)
+        (True, False)
+    """
+    if block_rows != 1:
+        return False
+    return mean_run(kept) < SCATTERED_RUN and (sharing(kept) if shared is None else shared) < MIN_SHARING
 
 
 def candidates(kept: np.ndarray, block_rows: int = 1) -> tuple[TileConfig, ...]:
@@ -52,12 +84,17 @@ def candidates(kept: np.ndarray, block_rows: int = 1) -> tuple[TileConfig, ...]:
     Example:
         >>> len(candidates(np.ones((64, 64), dtype=bool))) == len(CANDIDATES) + len(SEGMENT_CANDIDATES)
         True
+        >>> candidates(np.eye(64, dtype=bool)) == SCATTERED_CANDIDATES
+        True
         >>> candidates(np.ones((64, 64), dtype=bool), block_rows=32)[:2] == BLOCK_CANDIDATES
         True
     """
-    shared = sharing(kept) >= MIN_SHARING
+    share = sharing(kept)
+    shared = share >= MIN_SHARING
     if block_rows >= BLOCK_ROWS_NARROW:
         return BLOCK_CANDIDATES + (SEGMENT_CANDIDATES[:1] if shared else ())
+    if scattered(kept, block_rows, share):
+        return SCATTERED_CANDIDATES
     return CANDIDATES + (SEGMENT_CANDIDATES if shared else ())
 
 
@@ -68,7 +105,8 @@ def default_tile(kept: np.ndarray, block_rows: int, m: int | None = None) -> Til
     take the block tiling that wins their searches: 6x2 (M tiles of 6 vectors), but 4x3x3 (3 vectors) for a
     few rows on 16-float vectors, whose wide tiles leave a ragged tail. Measured at 90%, 8x8 to 32x32, BERT FFN
     shapes, with and without GELU (Zen 5): the other was 1.01-1.26x the winner (2.98x once), the general default
-    4x3x6 1.06-3.21x.
+    4x3x6 1.06-3.21x. Scattered patterns (unstructured) take 4x3x3 for many rows on 16-float vectors, else 4x2x4
+    (at 5-10% kept within 1.03x of the best at AVX-512 and 1.12x at AVX2 but once; 4x3x6 was up to 2.1x).
 
     Example:
         >>> default_tile(np.ones((64, 64), dtype=bool), block_rows=1).layout
@@ -76,11 +114,14 @@ def default_tile(kept: np.ndarray, block_rows: int, m: int | None = None) -> Til
         >>> default_tile(np.ones((64, 64), dtype=bool), block_rows=32, m=4096)
         TileConfig(rows=6, vectors=2, single_vectors=6, panel=False, layout='rows')
     """
-    if block_rows == 1 and sharing(kept) >= MIN_SHARING:
+    share = sharing(kept)
+    if block_rows == 1 and share >= MIN_SHARING:
         return SEGMENT_CANDIDATES[0]
+    few = m is None or m_bucket(m) == "small"
     if block_rows >= BLOCK_ROWS_NARROW:
-        few = m is None or m_bucket(m) == "small"
         return BLOCK_CANDIDATES[0] if few and vector_width() == 16 else BLOCK_CANDIDATES[1]
+    if scattered(kept, block_rows, share):
+        return SCATTERED_CANDIDATES[1] if not few and vector_width() == 16 else SCATTERED_CANDIDATES[0]
     return TileConfig()
 
 
@@ -100,9 +141,7 @@ def pattern_class(kept: np.ndarray, block_rows: int) -> dict:
         >>> pattern_class(np.ones((4, 8), dtype=bool), 4)
         {'block_rows': 4, 'density': 1.0, 'run': 8.0, 'sharing': 4.0}
     """
-    runs = np.diff(np.concatenate([np.zeros((kept.shape[0], 1), bool), kept], axis=1).astype(np.int8), axis=1)
-    starts = int((runs == 1).sum())
-    run = float(kept.sum()) / starts if starts else 0.0
+    run = mean_run(kept)
     share = sharing(kept)
     return {"block_rows": int(block_rows), "density": round(float(kept.mean()) * 20) / 20 if kept.size else 0.0,
             "run": _half_octave(min(run, CLASS_CAP)), "sharing": _half_octave(min(share, CLASS_CAP))}

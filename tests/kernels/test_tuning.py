@@ -9,6 +9,7 @@ from sparta_explore.kernels import SparseLinear, tuning
 from sparta_explore.kernels.tuning import (
     BLOCK_CANDIDATES,
     CANDIDATES,
+    SCATTERED_CANDIDATES,
     SEGMENT_CANDIDATES,
     candidates,
     default_tile,
@@ -47,6 +48,19 @@ def test_tall_blocks_default_to_a_tiling_their_searches_pick(monkeypatch):
         assert default_tile(kept, 32, m=4096) == many
         assert default_tile(kept, 4, m=4096) == tuning.TileConfig()  # short blocks keep the general default
     assert set(BLOCK_CANDIDATES) <= set(candidates(kept, 32))
+
+
+def test_scattered_patterns_time_the_tilings_that_win_for_them(monkeypatch):
+    scattered = block_mask(256, 256, (1, 1), 0.1).numpy()
+    assert candidates(scattered, 1) == SCATTERED_CANDIDATES
+    assert set(SCATTERED_CANDIDATES) <= set(CANDIDATES)
+    assert candidates(block_mask(256, 256, (1, 4), 0.1).numpy(), 1)[:len(CANDIDATES)] == CANDIDATES  # runs of 4
+    assert candidates(scattered, 2) == CANDIDATES  # two-row blocks: every tiling
+    assert candidates(block_mask(256, 256, (1, 32), 0.1).numpy(), 1)[-2:] == SEGMENT_CANDIDATES  # 1x32 shares
+    for width in (16, 8):
+        monkeypatch.setattr(tuning, "vector_width", lambda width=width: width)
+        assert default_tile(scattered, 1, m=128) == SCATTERED_CANDIDATES[0]
+        assert default_tile(scattered, 1, m=4096) == SCATTERED_CANDIDATES[1 if width == 16 else 0]
 
 
 def test_search_is_cached_per_pattern_and_bucket(tmp_path):
