@@ -57,6 +57,8 @@ def runs(kept: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """
     kept = np.asarray(kept, dtype=bool)
     n, k = kept.shape
+    if np.count_nonzero(kept) < SPARSE_RUNS * kept.size:
+        return _sparse_runs(kept)
     padded = np.zeros((n, k + 2), dtype=np.int8)  # a False column each side: no run crosses into the next row
     padded[:, 1:-1] = kept
     # one pass: +1 where a run starts, -1 one past its end, alternating in row-major order
@@ -64,6 +66,21 @@ def runs(kept: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     first, end = edges[0::2], edges[1::2]
     rows = first // (k + 1)
     return _i64(rows), _i64(first - rows * (k + 1)), _i64(end - first)
+
+
+SPARSE_RUNS = 0.3  # below this share kept, `runs` walks the kept positions (90% unstructured 3072 x 768: 8.4 -> 4.6 ms)
+
+
+def _sparse_runs(kept: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`runs` from the kept positions: a run starts where a position does not follow the last, or at a row's start."""
+    k = kept.shape[1]
+    at = np.flatnonzero(kept)
+    new = np.ones(at.size, dtype=bool)
+    new[1:] = (np.diff(at) != 1) | (at[1:] % k == 0)
+    first = np.flatnonzero(new)
+    start = at[first]
+    rows = start // k
+    return _i64(rows), _i64(start - rows * k), _i64(np.diff(np.append(first, at.size)))
 
 
 def shared_rows(kept: np.ndarray, block_rows: int = 1, most: int = 32) -> int:
@@ -90,12 +107,16 @@ def shared_rows(kept: np.ndarray, block_rows: int = 1, most: int = 32) -> int:
     return max(int(block_rows), height)
 
 
-def _group_union(kept: np.ndarray, starts: np.ndarray, ends: np.ndarray, max_rows: int) -> np.ndarray:
-    """(groups, K): the OR of each group's rows; rows gathered into a (groups, max_rows, K) block, short groups
-    padded with an empty row (one `any` over a regular array, 60x faster than `logical_or.reduceat`)."""
+def _group_union(kept: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """(groups, K): the OR of each group's rows; rows gathered into a (groups, longest group, K) block, short groups
+    padded with an empty row (one `any` over a regular array, 60x faster than `logical_or.reduceat`). Groups of
+    one row each (one-row blocks) are their rows."""
+    longest = int((ends - starts).max())
+    if longest == 1:
+        return kept[starts]
     padded = np.zeros((kept.shape[0] + 1, kept.shape[1]), dtype=bool)
     padded[:-1] = kept
-    index = starts[:, None] + np.arange(max_rows)[None, :]
+    index = starts[:, None] + np.arange(longest)[None, :]
     index = np.where(index < ends[:, None], index, kept.shape[0])  # past a group's end: the empty row
     return padded[index].any(axis=1)
 
@@ -120,7 +141,7 @@ def plan_groups(kept: np.ndarray, block_rows: int, max_rows: int = R_MAX) -> Gro
     if not len(starts):
         return Groups(*(_i64([]) for _ in range(2)), _i64([0]), _i64([]), _i64([]), _i64([]))
     ends = np.minimum(starts + max_rows, np.minimum((starts // block_rows + 1) * block_rows, n))
-    union = _group_union(kept, starts, ends, max_rows)
+    union = _group_union(kept, starts, ends)
     live = union.any(axis=1)
     union, starts, ends = union[live], _i64(starts[live]), _i64(ends[live])
     rows = ends - starts

@@ -89,10 +89,11 @@ def cut_panels(groups: Groups, n_in: int, rows: int, chunk_g0: list[int], word: 
     length = np.minimum(groups.seg_k0[seg_of] + groups.seg_len[seg_of], (panel + 1) * rows) - k0
     group = owner[seg_of]
     before = np.cumsum(length) - length  # k of every piece before this one
-    done = before - before[np.searchsorted(group, group)]  # ... of its own group (pieces are in group order)
+    # ... of its own group: pieces are in group order, so a group's first piece is where its number is first found
+    done = before - np.append(before, 0)[np.searchsorted(group, np.arange(n_groups))][group]
     woff = groups.w_off[group] + done // word * groups.rows[group]
     # entries: one per (panel, group) with pieces, ordered by panel then group (stable: pieces keep their k order)
-    order = np.lexsort((group, panel))
+    order = np.argsort(panel.astype(np.int32 if n_panels >= 1 << 15 else np.int16), kind="stable")  # a radix sort
     panel, group, k0, length, woff = panel[order], group[order], k0[order], length[order], woff[order]
     key = panel * (n_groups + 1) + group
     new_entry = np.ones(key.size, dtype=bool)
