@@ -42,6 +42,22 @@ def test_compiled_mlp_matches_the_masked_model(device, cache_dir, block):
     assert cm.max_error < 1e-3
 
 
+def test_the_compiled_model_holds_no_tensor_of_the_users_model(device, cache_dir):
+    # the working copy shares the trusted reference's masked tensors, never the captured model's own
+    model, x = Net(), torch.randn(33, 64)
+    g = se.capture(model, (x,))
+    table = se.propagate(g, block_table(model, g, 0.8, (1, 1)))
+    cm = compile(model, table, (x,), device=device, cache_dir=cache_dir, tune=False, guard=False)
+    want = cm(x)
+    users = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers(), *g.module.parameters())}
+    compiled = {t.untyped_storage().data_ptr() for t in (*cm.parameters(), *cm.buffers())}
+    assert compiled and not users & compiled
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)  # the user trains on: the compiled model does not move
+    assert torch.equal(cm(x), want)
+
+
 def test_int8_weights_and_inputs_run_on_the_fake_quantized_grid(device, cache_dir):
     if 8 not in device.bits:
         pytest.skip("no int8 kernels on this machine")

@@ -22,7 +22,13 @@ from typing import Any
 from torch import nn
 
 from sparta_explore.compile.config import CompileConfig
-from sparta_explore.compile.table_reference import split_unread, table_reference, unwrap_table, warn_if_dense
+from sparta_explore.compile.table_reference import (
+    has_grids,
+    split_unread,
+    table_reference,
+    unwrap_table,
+    warn_if_dense,
+)
 from sparta_explore.device import DeviceProfile
 from sparta_explore.graph import Graph, relabelled
 from sparta_explore.kernels.build import compiler_available, warn_compiler_missing
@@ -30,7 +36,7 @@ from sparta_explore.masking import apply_table
 from sparta_explore.plan import ExecutionPlan
 from sparta_explore.plan import plan as make_plan
 from sparta_explore.tesa import TeSA
-from sparta_explore.tracing.copying import deep_copy
+from sparta_explore.tracing.copying import deep_copy, tree_copy
 
 
 @dataclass(frozen=True)
@@ -64,11 +70,12 @@ def prepare(graph: Graph, table: Any, config: CompileConfig, plan: ExecutionPlan
         kernels = frozenset({"dense", "shrink"})
     device = config.device or DeviceProfile.load_or_measure(cache_dir=config.cache_dir)
     trusted, unread = table_reference(graph, table)
-    gm = deep_copy(graph.module)
-    usable, _ = split_unread(graph, gm, table)
+    usable, _ = split_unread(graph, graph.module, table)
     if plan is None:  # after the names are checked: a table naming nothing of the model is an error, no warning
         warn_if_dense(table)
-    apply_table(gm, usable)
+    # without grids the reference is the masked copy the kernels are chosen on: share its tensors (no pass or
+    # kernel edits one in place); with grids it holds weights on their grids, and the working copy keeps floats
+    gm = apply_table(deep_copy(graph.module), usable) if has_grids(table) else tree_copy(trusted)
     # masking changes values, not shapes: the working graph keeps the captured one's description (no model run)
     return Prepared(table, input_table, usable, unread, trusted, kernels, device, relabelled(graph, gm))
 

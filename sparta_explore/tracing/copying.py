@@ -39,3 +39,22 @@ def deep_copy(obj: T) -> T:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=LEAF_SPEC_WARNING, category=FutureWarning)
         return copy.deepcopy(obj)
+
+
+def tree_copy(module: T) -> T:
+    """A `deep_copy` of `module`'s module tree (and fx graph) that shares every parameter and buffer with it.
+
+    For a second model over the same values that nothing edits in place (a BERT-base's tensors are 440 MB).
+
+    Example:
+        >>> import torch
+        >>> a = torch.nn.Sequential(torch.nn.Linear(2, 3))
+        >>> b = tree_copy(a)
+        >>> b is not a and b[0] is not a[0] and b[0].weight is a[0].weight
+        True
+    """
+    named = (*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False))
+    memo = {id(t): t for _, t in named}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=LEAF_SPEC_WARNING, category=FutureWarning)
+        return copy.deepcopy(module, memo)
