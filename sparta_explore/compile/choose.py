@@ -13,17 +13,12 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
 
 import torch
-import torch.fx as fx
 from torch import nn
 
 from sparta_explore.compile.lowering import LowerContext, lower
 from sparta_explore.device import fastest_ms
-from sparta_explore.graph import Graph
 from sparta_explore.plan import Candidate, OpPlan
 from sparta_explore.plan.execution_plan import FP32, ORIGINAL
 from sparta_explore.plan.sites import OUT_IN
@@ -243,46 +238,6 @@ def tolerance(ops: list[OpPlan]) -> float:
     """
     chosen = [op.candidate(op.chosen) for op in ops if op.chosen not in (None, ORIGINAL)]
     return TOLERANCE[FP32 if min((narrowest(c) for c in chosen), default=FP32) == FP32 else 8]
-
-
-class _InputRecorder(fx.Interpreter):
-    """Runs the graph once and keeps the activation each planned op reads."""
-
-    def __init__(self, gm: fx.GraphModule, wanted: Mapping[str, int]) -> None:
-        super().__init__(gm)
-        self.wanted, self.seen = wanted, {}
-
-    def run_node(self, n: fx.Node) -> Any:
-        if n.name in self.wanted:
-            args, _ = self.fetch_args_kwargs_from_env(n)
-            self.seen[n.name] = args[self.wanted[n.name]].detach()
-        return super().run_node(n)
-
-
-@dataclass(frozen=True)
-class RecordedRun:
-    """One run of a graph on its example inputs: the input each planned op read (by op), the model's output and
-    the run's wall seconds. For an fp32 table that output is what the checks' reference ops compute: a compile
-    takes it from here instead of running the model again (BERT-base: a second a run)."""
-
-    inputs: dict[str, torch.Tensor]
-    output: Any
-    seconds: float
-
-
-def record_run(graph: Graph, ops: list[OpPlan]) -> RecordedRun:
-    """Run `graph` on its example inputs once, keeping the input each op of `ops` reads (what candidates are
-    checked and timed on) and the output.
-
-    Example:
-        >>> record_run(graph, list(plan.ops.values())).inputs["fc1"].shape  # doctest: +SKIP
-        torch.Size([64, 784])
-    """
-    recorder = _InputRecorder(graph.module, {op.op: op.site.input_index for op in ops})
-    start = time.perf_counter()
-    with torch.inference_mode():
-        output = recorder.run(*graph.example_inputs)
-    return RecordedRun(recorder.seen, output, time.perf_counter() - start)
 
 
 def same_as_masked(op: OpPlan) -> bool:

@@ -35,11 +35,12 @@ from typing import Any
 import pandas as pd
 from torch import nn
 
-from sparta_explore.compile.choose import CompileWarning, choose, record_run, same_as_masked, tolerance
+from sparta_explore.compile.choose import CompileWarning, choose, same_as_masked, tolerance
 from sparta_explore.compile.config import CompileConfig
 from sparta_explore.compile.lowering import LowerContext
 from sparta_explore.compile.prepare import offered, prepare
 from sparta_explore.compile.record import CompileRecord, summary_text
+from sparta_explore.compile.recorded_inputs import record_run
 from sparta_explore.compile.table_reference import table_reference
 from sparta_explore.compile.timing import alternating_ms
 from sparta_explore.compile.verify import check_row, model_error

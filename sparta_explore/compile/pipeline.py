@@ -10,9 +10,10 @@ Steps, each a named part of this package:
 3. **plan** the weight ops still pruned or quantized (candidates with predicted times),
    unless a plan is given (then the graph passes are skipped: the plan names the
    captured graph's ops);
-4. **choose**: record every planned op's real input on the example inputs, build each
-   candidate, check it against its reference on that input, time them, keep the fastest
-   and fuse the activation that follows a linear;
+4. **choose**: record every planned op's real input on the example inputs (fp32 plans: on
+   its first item, repeated; `recorded_inputs.py`), build each candidate, check it against
+   its reference on that input, time them, keep the fastest and fuse the activation that
+   follows a linear;
 5. **kernel passes**: chained sparse linears (fp32 or int8) fused tile by tile where faster
    (`kernel_pairs.py`), then the adds / scales / activation after every op fused into its
    output stage (`epilogue.py`);
@@ -41,7 +42,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from sparta_explore.compile.choose import TOLERANCE, choose, record_run, same_as_masked, tolerance
+from sparta_explore.compile.choose import TOLERANCE, choose, narrowest, same_as_masked, tolerance
 from sparta_explore.compile.compile_times import stage_frame
 from sparta_explore.compile.compiled_model import CompiledModel, SizeGuard, floating_dtypes
 from sparta_explore.compile.config import CompileConfig
@@ -56,6 +57,7 @@ from sparta_explore.compile.passes.graph_edit import editable
 from sparta_explore.compile.passes.pipeline import PassReport, run_passes
 from sparta_explore.compile.prepare import offered, prepare
 from sparta_explore.compile.record import CompileRecord
+from sparta_explore.compile.recorded_inputs import record_run
 from sparta_explore.compile.same_references import same_references
 from sparta_explore.compile.table_reference import has_grids, table_reference
 from sparta_explore.compile.timing import OUT_OF_RACE
@@ -210,7 +212,9 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
     stages.update({"graph passes": t1 - t0, "plan": time.perf_counter() - t1})
     deadline = start + config.max_seconds if config.max_seconds is not None else float("inf")
     t0 = time.perf_counter()
-    recorded = record_run(working, list(execution.ops.values()))
+    ops = list(execution.ops.values())
+    # fp32 kernels only (no candidate on a grid): their inputs from one item of the example (a fraction of a run)
+    recorded = record_run(working, ops, one_item=all(narrowest(c) == FP32 for op in ops for c in op.candidates))
     stages["record inputs"] = time.perf_counter() - t0
     compiled = _choose_all(working, execution, config, recorded.inputs, stages, deadline)
     gm = working.module
@@ -234,7 +238,7 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
     elif input_table is not None:  # the pruner's own table is what must match; the one compile used only explains
         references, explain = [("input table", table_reference(graph, input_table)[0])], references
     ops_reference = None
-    if tol == TOLERANCE[FP32]:  # fp32 kernels' references compute what the ops did when inputs were recorded
+    if tol == TOLERANCE[FP32] and recorded.seconds is not None:  # the reference ops' output, from the recording run
         ops_reference = before_kernels
         outputs.given(before_kernels, recorded.output, recorded.seconds)
     run, rows = verified_module(graph, gm, execution, compiled, references, tol, config.verify, outputs,
@@ -252,9 +256,9 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
         # the dense model ran at capture (no first-call effects left): the masked one's call, same work, stands in
         warm, estimates = {"compiled": outputs.seconds(gm), "dense": outputs.seconds(checked)}, {}
         if tol == TOLERANCE[FP32]:  # fp32: the passes' model without kernels and the masked model compute the same
-            if reports:
+            if reports:  # it computes what the masked model does, at most as slowly: that call, where it did not run
                 candidates["graph passes only"] = before_kernels
-                estimates["graph passes only"] = outputs.seconds("ops reference")
+                estimates["graph passes only"] = outputs.seconds("ops reference") or outputs.seconds(checked)
             # built only where its estimate (the masked reference's call) keeps it in the race: a copy of the model
             estimate, fastest = outputs.seconds(checked), outputs.seconds(gm)
             eager = _eager_model(graph, usable, tol) \
