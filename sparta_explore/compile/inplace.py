@@ -115,7 +115,7 @@ def _own_names(root: nn.Module, table: Mapping[str, Any]) -> None:
 
 def _choose(working: Graph, execution: ExecutionPlan, root: nn.Module, config: CompileConfig) -> dict[str, nn.Module]:
     planned = list(execution.ops.values())
-    op_inputs = record_run(working, planned).inputs
+    op_inputs = record_run(working, planned, one_item=True).inputs
     chosen: dict[str, nn.Module] = {}
     for op in planned:
         why = _why_not_in_place(root, working, op)

@@ -10,10 +10,10 @@ Steps, each a named part of this package:
 3. **plan** the weight ops still pruned or quantized (candidates with predicted times),
    unless a plan is given (then the graph passes are skipped: the plan names the
    captured graph's ops);
-4. **choose**: record every planned op's real input on the example inputs (fp32 plans: on
-   its first item, repeated; `recorded_inputs.py`), build each candidate, check it against
-   its reference on that input, time them, keep the fastest and fuse the activation that
-   follows a linear;
+4. **choose**: record every planned op's real input on the example inputs (on its first
+   item, repeated, where that serves; `recorded_inputs.py`), build each candidate, check it
+   against its reference on that input, time them, keep the fastest and fuse the activation
+   that follows a linear;
 5. **kernel passes**: chained sparse linears (fp32 or int8) fused tile by tile where faster
    (`kernel_pairs.py`), then the adds / scales / activation after every op fused into its
    output stage (`epilogue.py`);
@@ -42,7 +42,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from sparta_explore.compile.choose import TOLERANCE, choose, narrowest, same_as_masked, tolerance
+from sparta_explore.compile.choose import TOLERANCE, choose, same_as_masked, tolerance
 from sparta_explore.compile.compile_times import stage_frame
 from sparta_explore.compile.compiled_model import CompiledModel, SizeGuard, floating_dtypes
 from sparta_explore.compile.config import CompileConfig
@@ -212,9 +212,7 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
     stages.update({"graph passes": t1 - t0, "plan": time.perf_counter() - t1})
     deadline = start + config.max_seconds if config.max_seconds is not None else float("inf")
     t0 = time.perf_counter()
-    ops = list(execution.ops.values())
-    # fp32 kernels only (no candidate on a grid): their inputs from one item of the example (a fraction of a run)
-    recorded = record_run(working, ops, one_item=all(narrowest(c) == FP32 for op in ops for c in op.candidates))
+    recorded = record_run(working, list(execution.ops.values()), one_item=True)  # a fraction of a run
     stages["record inputs"] = time.perf_counter() - t0
     compiled = _choose_all(working, execution, config, recorded.inputs, stages, deadline)
     gm = working.module

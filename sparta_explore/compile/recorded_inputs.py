@@ -1,11 +1,12 @@
 """The input every planned op reads, recorded from one run of the graph: what candidates are checked and timed on.
 
-For an fp32 table a run on the example's first item serves (`record_run(..., one_item=True)`): an fp32
-kernel's speed does not depend on the values it reads, and its check compares it with its own reference on
-the same input, so each op's input is that item's repeated to the example's batch. The run costs a fraction of
-the example's (BERT-base at 8 x 128: 0.15 of 1 s). Where the graph's inputs share no batch size over 1, the
-graph fails on one item, or an op's input with one item is not its recorded shape divided along dim 0, the
-example runs whole.
+A run on the example's first item serves (`record_run(..., one_item=True)`): no kernel's speed depends on the
+values it reads (fp32 products, int8 rows quantized whatever their range), and a candidate's check compares it
+with its own reference on the same input, so each op's input is that item's repeated to the example's batch.
+The run costs a fraction of the example's (BERT-base at 8 x 128: 0.15 of 1 s); only the whole example's
+output can stand in for the fp32 reference ops' run in the checks. Where the graph's inputs share no batch
+size over 1, the graph fails on one item, or an op's input with one item is not its recorded shape divided
+along dim 0, the example runs whole.
 
 Example:
     >>> record_run(graph, list(plan.ops.values())).inputs["fc1"].shape  # doctest: +SKIP
