@@ -46,8 +46,8 @@ BLOCK_ROWS_NARROW = 8
 BLOCK_CANDIDATES = (TileConfig(4, 3, 3), TileConfig(6, 2, 6))
 # Scattered one-row patterns (unstructured, `scattered`): 72 searches over 5%, 10% and 25% kept, BERT shapes 768 and
 # 3072 square and FFN, with and without GELU, M 128 and 2048, AVX-512 and AVX2 builds: these 4 held the best of
-# all 8 in 68, and were within 4% of it in the rest (where 2x3x6, 4x3x6 or 6x2 won by <= 4%). 4x2x4 wins for few
-# rows, 4x3x3 for many at AVX-512, 2x4x8 at AVX2, its K-panel form at 25% kept.
+# all 8 in 65 (ties counted), and were within 4% of it in the other 7 (AVX2, where 2x3x6, 4x3x6 or 6x2 won by
+# 1-4%). 4x2x4 wins for few rows, 4x3x3 for many at AVX-512, 2x4x8 at AVX2, its K-panel form at 25% kept.
 SCATTERED_CANDIDATES = (TileConfig(4, 2, 4), TileConfig(4, 3, 3), TileConfig(2, 4, 8), TileConfig(2, 4, 8, panel=True))
 SCATTERED_RUN = 2.0  # kept runs along k shorter than this on average: scattered (1.1 at 90% unstructured, 1.33 at 75%)
 

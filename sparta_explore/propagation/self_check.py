@@ -2,11 +2,12 @@
 
 After the fixpoint, the model with every newly pruned element set to random values (and
 pruned activations forced to zero) is compared with the model masked by the input table,
-on the example inputs (`verify.max_output_change`; on their first item where every item is
-pruned alike, and on the whole example to confirm a change one item shows). If they differ, the tensors at fault
-are found by bisection over the changed tensors (a few extra runs per culprit), reverted
-to their input TeSAs, and named with the ops and rules that pruned them; if the reverted
-table still differs, every tensor is reverted. A wrong table never leaves propagation.
+on the example inputs (`verify.max_output_change`: on their first item where no later item
+prunes what the first keeps; a change one item shows is confirmed on the whole example, which
+then bisects). If they differ, the tensors at fault are found by bisection over the changed
+tensors (a few extra runs per culprit), reverted to their input TeSAs, and named with the ops
+and rules that pruned them; if the reverted table still differs, every tensor is reverted. A
+wrong table never leaves propagation.
 
 Example:
     >>> table, check = checked_table(graph, before, after, report)  # doctest: +SKIP
