@@ -75,6 +75,38 @@ class Graph:
         """
         return (module if module is not None else self.module)(*self.call_args, **self.call_kwargs)
 
+    def first_item(self) -> tuple[int, tuple] | None:
+        """(the example's batch size, its inputs cut to their first item along dim 0) where every tensor input
+        shares a batch size over 1; None otherwise (then only the whole example stands for itself).
+
+        Example:
+            >>> g.first_item()[0], g.first_item()[1][0].shape  # doctest: +SKIP
+            (2, torch.Size([1, 4]))
+        """
+        tensors = [x for x in self.example_inputs if isinstance(x, torch.Tensor)]
+        batch = tensors[0].shape[0] if tensors and tensors[0].dim() else 0
+        if batch <= 1 or any(x.dim() == 0 or x.shape[0] != batch for x in tensors):
+            return None
+        return batch, tuple(x[:1] if isinstance(x, torch.Tensor) else x for x in self.example_inputs)
+
+    def run_first_item(self, interpreter: fx.Interpreter) -> int | None:
+        """Run `interpreter` (over this graph's module) on the first item of the example inputs, without autograd;
+        the example's batch size, or None where there is no first item (`first_item`) or the forward fails on it.
+
+        Example:
+            >>> g.run_first_item(fx.Interpreter(g.module))  # doctest: +SKIP
+            2
+        """
+        first = self.first_item()
+        if first is None:
+            return None
+        try:
+            with torch.inference_mode():
+                interpreter.run(*first[1])
+        except Exception:  # noqa: BLE001  (any failure of a model's forward on one item: the whole example decides)
+            return None
+        return first[0]
+
     def nodes(self) -> Iterator[fx.Node]:
         """The op nodes (call_module, call_function, call_method) in topological order."""
         return (n for n in self.module.graph.nodes if n.op in ("call_module", "call_function", "call_method"))

@@ -152,3 +152,24 @@ def test_a_forward_fake_tensors_cannot_run_is_described_by_a_real_run():
     assert _fake_run(gm, (x,)) is None
     described = rewritten(capture(nn.Identity(), (x,)), gm)
     assert described.tensors["reads"].shape == (3,)  # three positive values: only a real run knows
+
+
+class _TwoInputs(nn.Module):
+    def forward(self, x, y):
+        return x.sum() + y.sum()
+
+
+@pytest.mark.parametrize("x, y, batch", [
+    (torch.randn(3, 4), torch.randn(3, 2), 3),
+    (torch.randn(1, 4), torch.randn(1, 2), None),  # one item is the example
+    (torch.randn(3, 4), torch.randn(2, 2), None),  # no shared batch size
+])
+def test_first_item_cuts_every_input_to_its_first_item_where_they_share_a_batch(x, y, batch):
+    graph = capture(_TwoInputs(), (x, y))
+    first = graph.first_item()
+    if batch is None:
+        assert first is None
+    else:
+        assert first[0] == batch
+        assert torch.equal(first[1][0], x[:1]) and torch.equal(first[1][1], y[:1])
+        assert graph.run_first_item(torch.fx.Interpreter(graph.module)) == batch

@@ -57,16 +57,9 @@ class RecordedRun:
 def _one_item(graph: Graph, wanted: Mapping[str, int]) -> dict[str, torch.Tensor] | None:
     """Each op's input from a run on the example's first item, repeated to the example's size; None where that
     run is not the example's with one item (see the module docstring)."""
-    tensors = [x for x in graph.example_inputs if isinstance(x, torch.Tensor)]
-    batch = tensors[0].shape[0] if tensors and tensors[0].dim() else 0
-    if batch <= 1 or any(x.dim() == 0 or x.shape[0] != batch for x in tensors):
-        return None
     recorder = _InputRecorder(graph.module, wanted)
-    one = tuple(x[:1] if isinstance(x, torch.Tensor) else x for x in graph.example_inputs)
-    try:
-        with torch.inference_mode():
-            recorder.run(*one)
-    except Exception:  # noqa: BLE001  (any failure of a model's forward on one item: the whole example decides)
+    batch = graph.run_first_item(recorder)
+    if batch is None:
         return None
     inputs = {}
     for op, x in recorder.seen.items():

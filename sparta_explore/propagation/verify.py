@@ -159,10 +159,10 @@ def _one_item(graph: Graph, before: Mapping[str, TeSA], after: Mapping[str, TeSA
     shares a batch size over 1, and no input or activation mask prunes in a later item what it keeps in the first
     (every pruning then meets random values in the first item too: BERT-base at 8 x 128, 0.55 instead of 2.1 s
     a check). None: run the whole example."""
-    tensors = [x for x in graph.example_inputs if isinstance(x, torch.Tensor)]
-    batch = tensors[0].shape[0] if tensors and tensors[0].dim() else 0
-    if batch <= 1 or any(x.dim() == 0 or x.shape[0] != batch for x in tensors):
+    first = graph.first_item()
+    if first is None:
         return None
+    batch = first[0]
     inputs = [t.pruned for name in graph.inputs for t in (before.get(name), after.get(name)) if t is not None]
     every = [*inputs, *(m for group in masks for m in group.values())]
     return batch if all(_alike(m, batch) for m in every) else None

@@ -159,16 +159,9 @@ def first_item_values(graph: Graph, names: Iterable[str]) -> dict[str, Any] | No
         torch.Size([1, 64, 16, 16])
     """
     names = set(names)
-    tensors = [x for x in graph.example_inputs if isinstance(x, torch.Tensor)]
-    batch = tensors[0].shape[0] if tensors and tensors[0].dim() else 0
-    if batch <= 1 or any(x.dim() == 0 or x.shape[0] != batch for x in tensors):
-        return None
     keeper = _Keeper(graph.module, names)
-    one = tuple(x[:1] if isinstance(x, torch.Tensor) else x for x in graph.example_inputs)
-    try:
-        with torch.inference_mode():
-            keeper.run(*one)
-    except Exception:  # noqa: BLE001  (any failure of a model's forward on one item: the full example decides)
+    batch = graph.run_first_item(keeper)
+    if batch is None:
         return None
     for name in names:
         value, info = keeper.values.get(name), graph.tensors.get(name)
