@@ -114,12 +114,14 @@ def default_tile(kept: np.ndarray, block_rows: int, m: int | None = None) -> Til
         >>> default_tile(np.ones((64, 64), dtype=bool), block_rows=32, m=4096)
         TileConfig(rows=6, vectors=2, single_vectors=6, panel=False, layout='rows')
     """
-    share = sharing(kept)
-    if block_rows == 1 and share >= MIN_SHARING:
-        return SEGMENT_CANDIDATES[0]
     few = m is None or m_bucket(m) == "small"
     if block_rows >= BLOCK_ROWS_NARROW:
         return BLOCK_CANDIDATES[0] if few and vector_width() == 16 else BLOCK_CANDIDATES[1]
+    if block_rows != 1:
+        return TileConfig()
+    share = sharing(kept)  # one-row blocks only: a pass over the mask
+    if share >= MIN_SHARING:
+        return SEGMENT_CANDIDATES[0]
     if scattered(kept, block_rows, share):
         return SCATTERED_CANDIDATES[1] if not few and vector_width() == 16 else SCATTERED_CANDIDATES[0]
     return TileConfig()
