@@ -21,7 +21,7 @@ import logging
 import operator
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
@@ -223,18 +223,20 @@ class _Engine:
             return scramble(view, self.trials, seed=len(self.report.events)), "scramble"
         return entry.fn(view), entry.name
 
-    def visit(self, node: fx.Node) -> list[str]:
+    def visit(self, node: fx.Node) -> tuple[list[str], list[str]]:
+        """Apply `node`'s rule: the tensors whose TeSA changed, and those it asked for that did not change."""
         try:
             view, slot_names, param_names = self._view(node)
             update, rule_name = self._apply_rule(node, view)
         except (Unsupported, _Missing) as e:
             self.report.unsupported[node.name] = str(e)
-            return []
+            return [], []
         except Exception as e:  # a faulty (user) rule must not give a wrong table: leave the op as it is
             self.report.unsupported[node.name] = f"rule error: {type(e).__name__}: {e}"
             log.warning("rule for %s (%s) failed, op left unchanged: %s", node.name, _label(self.graph, node), e)
-            return []
+            return [], []
         changed: list[str] = []
+        asked: list[str] = []
         self.report.visits += 1
         outs = self._node_tensors(node)
         out_updates = update.output if isinstance(update.output, tuple) else (update.output,)
@@ -253,8 +255,22 @@ class _Engine:
             if previous is not None and equal(previous, mask):
                 continue  # a revisit that asks for what it asked before: nothing to recompute
             self.state.relevance[name][node.name] = mask if previous is None else both(previous, mask)
-            self._note(node, rule_name, name, "backward", changed)
-        return changed
+            if not self._note(node, rule_name, name, "backward", changed):
+                asked.append(name)
+        return changed, asked
+
+    def _held_back(self, name: str) -> bool:
+        """Whether `name` could shrink but for readers whose need is unknown (not yet visited, none of them
+        needing everything)."""
+        needs = self.state.relevance[name]
+        if _EVERYTHING in needs or all(r is not None for r in needs.values()):
+            return False
+        known = [r for r in needs.values() if r is not None]
+        asked = known[0]
+        for r in known[1:]:
+            asked = either(asked, r)
+        kept = self.state.current[name].kept
+        return not equal(either(asked, kept), asked)
 
     def _propose(self, proposals: dict[str, torch.Tensor], name: str, value: torch.Tensor | TeSA) -> None:
         shape = self.state.base[name].shape
@@ -273,28 +289,37 @@ class _Engine:
         self.state.base[name] = new
         self._note(node, rule, name, "forward", changed)
 
-    def _note(self, node: fx.Node, rule: str, name: str, direction: str, changed: list[str]) -> None:
+    def _note(self, node: fx.Node, rule: str, name: str, direction: str, changed: list[str]) -> bool:
         before = self.state.current[name]
-        if self.state.recompute(name):
-            after = self.state.current[name]
-            self.report.record(node.name, _label(self.graph, node), rule, name, direction, before, after)
-            changed.append(name)
+        if not self.state.recompute(name):
+            return False
+        after = self.state.current[name]
+        self.report.record(node.name, _label(self.graph, node), rule, name, direction, before, after)
+        changed.append(name)
+        return True
 
     # ---- the worklist -----------------------------------------------------------------
-    def run(self, max_visits: int | None) -> None:
-        queue = deque(self.ops)
-        queued = set(self.ops)
+    def run(self, max_visits: int | None, start: Collection[str] | None = None) -> None:
+        queue = deque(self.ops if start is None else [n for n in self.ops if n.name in start])
+        queued, seen = set(queue), set()
         while queue:
             node = queue.popleft()
             queued.discard(node)
-            for name in self.visit(node):
-                neighbours = set(self.readers.get(name, ()))
+            seen.add(node)
+            changed, asked = self.visit(node)
+            neighbours: set[fx.Node] = set()
+            for name in changed:
+                neighbours.update(self.readers.get(name, ()))
                 if name in self.producer:
                     neighbours.add(self.producer[name])
-                for other in neighbours:
-                    if other not in queued:
-                        queue.append(other)
-                        queued.add(other)
+            for name in asked:  # with a `start`: readers never run may be all that keeps this tensor whole
+                waiting = [r for r in self.readers.get(name, ()) if r not in seen and r not in queued]
+                if waiting and self._held_back(name):
+                    neighbours.update(waiting)
+            for other in neighbours:
+                if other not in queued:
+                    queue.append(other)
+                    queued.add(other)
             if max_visits is not None and self.report.visits >= max_visits:
                 self.report.stopped_early = True
                 break
@@ -308,12 +333,19 @@ class _Engine:
 
 def run_propagation(graph: Graph, table: Mapping[str, TeSA], *,
                     rules: RuleSet | Mapping[Target, Rule | RuleEntry] | None = None, scramble_trials: int = 16,
-                    max_visits: int | None = None, check: bool = True, tolerance: float = 1e-4) -> PropagationResult:
+                    max_visits: int | None = None, check: bool = True, tolerance: float = 1e-4,
+                    start: Collection[str] | None = None) -> PropagationResult:
     """Propagate `table` through `graph`; returns the new table and a report of what each rule did.
 
     With `check` (default), the result is checked on the example inputs: any tensor whose
     new pruning changes the output keeps its input TeSA, and `result.check` (and a
     `PropagationWarning`) names it with the op and rule at fault (see `self_check`).
+
+    `start` (node names): the worklist starts there, not at every op, for a `table` that is
+    already propagated but for what an edit changed around those nodes (a graph pass's
+    rewrite): only ops a change reaches run (and the other readers of a tensor one of them
+    would shrink). As sound as a full run (every tensor starts at its `table` entry either
+    way); a tensor no change reaches keeps its entry, even where a full run would prune more.
 
     Example:
         >>> result = run_propagation(capture(model, x), prune(model, cfg))  # doctest: +SKIP
@@ -322,16 +354,16 @@ def run_propagation(graph: Graph, table: Mapping[str, TeSA], *,
     from sparta_explore.propagation.self_check import SelfCheck, checked_table
 
     ruleset = default_rules() if rules is None else default_rules().with_overrides(rules)
-    start = time.perf_counter()
+    began = time.perf_counter()
     engine = _Engine(graph, table, ruleset, scramble_trials)
     before = engine.table()
-    engine.run(max_visits)
+    engine.run(max_visits, start)
     engine.report.nodes = len(engine.ops)
     out = engine.table()
     outcome = SelfCheck(tolerance=tolerance)
     if check and graph.example_inputs:
         out, outcome = checked_table(graph, before, out, engine.report, tolerance=tolerance)
-    engine.report.seconds = time.perf_counter() - start
+    engine.report.seconds = time.perf_counter() - began
     return PropagationResult(table=out, before=before, report=engine.report, check=outcome, input_table=table)
 
 

@@ -83,3 +83,33 @@ def test_batch_statistics_make_a_channel_depend_on_the_batch():
     graph, table = masked_graph(model, rows_pruned(model, {"0": [1]}), x)
     result = constant_channels(graph, table, PassOptions())
     assert result.changes["channels folded"] == 0
+
+
+class _TwoReaders(nn.Module):
+    """gelu(fc1(x)) read by fc2 and fc3: a folded channel is dead only once both readers' columns are pruned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(8, 12), nn.Linear(12, 5), nn.Linear(12, 5)
+        self.head = nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(self.fc1(x))
+        return self.head(self.fc2(h) * self.fc3(h))
+
+
+def test_propagating_again_from_the_rewritten_readers_reaches_the_full_fixpoint():
+    from sparta_explore.propagation import run_propagation
+
+    torch.manual_seed(3)
+    model = _TwoReaders().eval()
+    x = (torch.randn(4, 6, 8),)
+    weights_only = {"fc1.weight": rows_pruned(model, {"fc1": [1, 4, 9]})["fc1.weight"]}  # biases stay: constants
+    graph, table = masked_graph(model, weights_only, x)
+    result = constant_channels(graph, table, PassOptions())
+    assert result.changes["readers rewritten"] == 2
+    assert bool(result.table["fc1.weight"].pruned[[1, 4, 9]].all())  # read by nobody now: back to fc1
+    assert bool(result.table["fc1.bias"].pruned[[1, 4, 9]].all())
+    full = run_propagation(result.graph, result.table, check=False).table  # nothing left for a full run to prune
+    assert all(full[name].equals(result.table[name]) for name in full)
+    assert_same_outputs(graph, result.graph, x)
