@@ -51,6 +51,7 @@ from sparta_explore.compile.guard import guarded
 from sparta_explore.compile.inplace import check_not_compiled, compile_in_place
 from sparta_explore.compile.kernel_pairs import fuse_pairs
 from sparta_explore.compile.lowering import LowerContext
+from sparta_explore.compile.memory import collecting_temporaries, weakly_owned
 from sparta_explore.compile.passes.base import PassOptions
 from sparta_explore.compile.passes.constant_channels import SIZE_SPECIALIZED
 from sparta_explore.compile.passes.graph_edit import editable
@@ -185,7 +186,12 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
         >>> torch.allclose(cm(x), masked_copy(model, table)(x), atol=1e-3)  # doctest: +SKIP
         True
     """
-    config = (config or CompileConfig()).with_options(**options)
+    with collecting_temporaries():  # its masked references (BERT-base: 417 MB) freed now, not at a full collection
+        return _compile(model, table, example_inputs, (config or CompileConfig()).with_options(**options), plan)
+
+
+def _compile(model: nn.Module | Graph, table: Any, example_inputs: Any, config: CompileConfig,
+             plan: ExecutionPlan | None) -> CompiledModel | nn.Module:
     start = time.perf_counter()
     if config.inplace:
         check_not_compiled(model.root if isinstance(model, Graph) else model)
@@ -282,11 +288,12 @@ def compile(model: nn.Module | Graph, table: Any, example_inputs: Any = None, co
     size_guard = None
     if run is not eager and run is not trusted and run is not checked and _size_specialized(run):
         fallback = eager if eager is not None else _eager_model(graph, usable, tol)
-        size_guard = _size_guard(graph, run, _checked(fallback, checked, tol, outputs))
+        size_guard = _size_guard(graph, run, weakly_owned(_checked(fallback, checked, tol, outputs)))
     kept = CompileRecord(graph=graph, table=usable, input_table=input_table,
                          example=(tuple(graph.call_args), dict(graph.call_kwargs)), tolerance=tol)
     total = time.perf_counter() - start
-    return CompiledModel(run, execution, pd.DataFrame(rows), total, unread, fp32_error,
-                         passes=_pass_frame(reports, kernel_rows), guard=record, size_guard=size_guard,
-                         input_dtypes=floating_dtypes(graph.call_args, graph.call_kwargs), record=kept,
-                         compile_times=stage_frame(stages, execution.ops.values(), total))
+    # freed the moment the caller drops it (a sweep's trials), not at the next full collection
+    return weakly_owned(CompiledModel(run, execution, pd.DataFrame(rows), total, unread, fp32_error,
+                                      passes=_pass_frame(reports, kernel_rows), guard=record, size_guard=size_guard,
+                                      input_dtypes=floating_dtypes(graph.call_args, graph.call_kwargs), record=kept,
+                                      compile_times=stage_frame(stages, execution.ops.values(), total)))
