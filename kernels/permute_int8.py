@@ -79,11 +79,14 @@ def plan_steps(wq: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray
     """
     n, k = kept.shape
     blocks, windows = -(-n // ROWS), max(1, -(-k // WINDOW))
-    rows, cols = np.nonzero(kept)  # row-major: by row, then k
+    flat = np.flatnonzero(kept)  # row-major: by row, then k (one index array: 2-d nonzero is 3x slower)
+    rows, cols = flat // k, flat % k
     window = cols // WINDOW
     cell = rows * windows + window  # (row, window), nondecreasing
-    start = np.searchsorted(cell, cell, side="left")
-    rank = np.arange(cell.size) - start  # this weight's place among its row's kept k in the window
+    index = np.arange(cell.size)
+    opens = np.ones(cell.size, dtype=bool)  # where a new (row, window) starts
+    opens[1:] = cell[1:] != cell[:-1]
+    rank = index - np.maximum.accumulate(np.where(opens, index, 0))  # place among its row's kept k in the window
     steps = block_steps(kept)
     first = np.concatenate([[0], np.cumsum(steps.reshape(-1))])  # first step of each (block, window)
     total = int(first[-1])
@@ -110,11 +113,21 @@ def prefers_permute(kept: np.ndarray) -> bool:
         >>> prefers_permute(np.ones((64, 256), bool))
         False
     """
+    return 2 * ROWS * int(block_steps(kept).sum()) < PERMUTE_EDGE * live_quads(kept)
+
+
+def live_quads(kept: np.ndarray) -> int:
+    """How many (row, 4 consecutive k) quads hold a kept weight: each quad's 4 bools read as one uint32 (a numpy
+    `any` over an axis of 4 took 8 of a BERT FFN op's 9 ms here).
+
+    Example:
+        >>> live_quads(np.eye(3, 5, dtype=bool))
+        4
+    """
     n, k = kept.shape
-    pad = np.zeros((n, -(-k // QUAD) * QUAD), dtype=bool)
+    pad = np.zeros((n, -(-k // QUAD) * QUAD), dtype=np.uint8)
     pad[:, :k] = kept
-    quads = int(pad.reshape(n, -1, QUAD).any(axis=2).sum())
-    return 2 * ROWS * int(block_steps(kept).sum()) < PERMUTE_EDGE * quads
+    return int(np.count_nonzero(pad.view(np.uint32)))
 
 
 class PermuteLayer(ctypes.Structure):  # `struct permute_layer` of templates/permute_int8.c

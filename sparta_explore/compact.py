@@ -35,6 +35,24 @@ def core(t: torch.Tensor) -> torch.Tensor:
     return t[tuple(slice(0, 1) if st == 0 and n > 1 else slice(None) for st, n in zip(t.stride(), t.shape))]
 
 
+def any_true(mask: torch.Tensor, dim: int | tuple[int, ...] | None = None, keepdim: bool = False) -> torch.Tensor:
+    """`mask.any(dim, keepdim)`, for a bool mask as the max of its bytes: torch 2.13's bool `any` on CPU takes
+    30-150x as long (a 3072 x 768 mask along its rows: 2.8 ms against 0.03 ms; propagation and planning ask it
+    thousands of times). Other dtypes, empty tensors and dims of size 0 go to `any` itself.
+
+    Example:
+        >>> any_true(torch.tensor([[True, False], [False, False]]), dim=1).tolist()
+        [True, False]
+        >>> bool(any_true(torch.zeros(0, 3, dtype=torch.bool)))
+        False
+    """
+    dims = () if dim is None else (dim,) if isinstance(dim, int) else tuple(dim)
+    if mask.dtype != torch.bool or mask.numel() == 0 or any(mask.shape[d] == 0 for d in dims):
+        return mask.any() if dim is None else mask.any(dim=dim, keepdim=keepdim)
+    as_bytes = mask.view(torch.uint8)  # bools are bytes 0 or 1: the same values, a vectorized reduction
+    return (as_bytes.amax() if dim is None else as_bytes.amax(dim=dim, keepdim=keepdim)).bool()
+
+
 def spread(small: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     """`small` broadcast to `shape` as a stride-0 view (no copy).
 
@@ -123,5 +141,5 @@ def any_over(mask: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
     out = core(mask)
     for d in sorted(reduced):
         if out.shape[d] > 1:
-            out = out.any(dim=d, keepdim=True)
+            out = any_true(out, dim=d, keepdim=True)
     return spread(out, [1 if d in reduced else n for d, n in enumerate(mask.shape)])

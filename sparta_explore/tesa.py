@@ -21,7 +21,7 @@ from enum import IntEnum
 
 import torch
 
-from sparta_explore.compact import core, count_true, equal, keep_where, negate, spread
+from sparta_explore.compact import any_true, core, count_true, equal, keep_where, negate, spread
 from sparta_explore.errors import TeSABitsError, TeSAShapeError
 
 MAX_BITS = 32
@@ -358,9 +358,9 @@ class TeSA:
         c = core(self._key) != 0
         dim = dim % len(self.shape)
         other = [d for d in range(c.dim()) if d != dim]
-        kept = c.any(dim=other[0], keepdim=True) if other else c
+        kept = any_true(c, dim=other[0], keepdim=True) if other else c
         for d in other[1:]:
-            kept = kept.any(dim=d, keepdim=True)
+            kept = any_true(kept, dim=d, keepdim=True)
         return kept.reshape(-1).expand(self.shape[dim]) if kept.numel() == 1 else kept.reshape(-1)
 
     def fits(self, shape: Sequence[int]) -> bool:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from sparta_explore.compact import any_over, both, core, count_true, either, equal, keep_where, negate
+from sparta_explore.compact import any_over, any_true, both, core, count_true, either, equal, keep_where, negate
 from sparta_explore.tesa import TeSA
 
 SHAPE = (3, 4, 5)
@@ -53,3 +53,22 @@ def test_tesa_dense_and_merge_are_compact_with_exact_counts():
     pruned = row.prune(torch.tensor([[True], [False], [False], [False], [False], [True]]))
     assert torch.equal(pruned.kept, row.kept.contiguous() & torch.tensor([0, 1, 1, 1, 1, 0]).bool()[:, None])
     assert pruned.sparsity == pytest.approx(1 - 12 / 24)
+
+
+@pytest.mark.parametrize("mask", [
+    torch.rand(37, 70) < 0.05,                      # contiguous, sparse: rows without a True
+    (torch.rand(70, 37) < 0.3).t(),                  # transposed (strided)
+    (torch.rand(1, 5, 9) < 0.5).expand(4, 5, 9),     # expanded: stride 0
+    torch.zeros(3, 0, 4, dtype=torch.bool),          # empty
+    torch.zeros(6, 8, dtype=torch.bool),             # all false
+    torch.tensor(True),                              # 0-d
+], ids=["sparse", "transposed", "expanded", "empty", "all-false", "scalar"])
+def test_any_true_equals_any_on_every_layout(mask):
+    assert any_true(mask).item() == mask.any().item()
+    for dim in range(mask.dim()):
+        for keepdim in (False, True):
+            assert torch.equal(any_true(mask, dim=dim, keepdim=keepdim), mask.any(dim=dim, keepdim=keepdim))
+    if mask.dim() == 3:
+        assert torch.equal(any_true(mask, dim=(0, 2)), mask.any(dim=(0, 2)))
+    as_int = mask.to(torch.int32)  # not bool: any itself
+    assert torch.equal(any_true(as_int), as_int.any())

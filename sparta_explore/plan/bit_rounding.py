@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sparta_explore.compact import any_true
+
 MIN_GRID_BITS = 2  # the narrowest symmetric integer grid the kernels run (levels -1, 0, 1)
 
 
@@ -33,7 +35,7 @@ def floor_bits(bits: torch.Tensor) -> tuple[torch.Tensor, bool]:
         ([0, 2, 8], True)
     """
     low = (bits > 0) & (bits < MIN_GRID_BITS)
-    if not bool(low.any()):
+    if not bool(any_true(low)):
         return bits, False
     return torch.where(low, torch.tensor(MIN_GRID_BITS, dtype=bits.dtype), bits), True
 
@@ -78,7 +80,7 @@ def bit_options(bits: torch.Tensor, widths: Sequence[int]) -> list[BitOption]:
         ['uniform']
     """
     kept = bits > 0
-    if not bool(kept.any()):
+    if not bool(any_true(kept)):
         top = max(int(w) for w in widths)
         return [BitOption("uniform", {top: kept}, {top: top})]
     # the narrowest and widest kept bits decide whether widths differ: a few byte passes, where rounding every
@@ -89,7 +91,7 @@ def bit_options(bits: torch.Tensor, widths: Sequence[int]) -> list[BitOption]:
     if edges[0] != edges[1]:
         rounded = round_bits(bits, widths)
         parts = {w: rounded == w for w in sorted({int(w) for w in widths}) if edges[0] <= w <= edges[1]}
-        parts = {w: m for w, m in parts.items() if bool(m.any())}
+        parts = {w: m for w, m in parts.items() if bool(any_true(m))}
         grid = {w: int(bits[m].max()) for w, m in parts.items()}
         options.append(BitOption("split", parts, grid))
     return options

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sparta_explore.compact import any_true
 from sparta_explore.device import INT8, DeviceProfile
 from sparta_explore.plan.bit_rounding import BitOption, bit_options
 from sparta_explore.plan.block_cover import Cover, single_shape_cover, weighted_block_cover
@@ -87,7 +88,7 @@ def dense_candidate(info: OpInfo, device: DeviceProfile) -> Candidate:
 
 def shrink_candidate(info: OpInfo, device: DeviceProfile) -> Candidate | None:
     """Dense over the kept rows and columns only; None when no row or column is fully pruned."""
-    rows, cols = int(info.kept.any(dim=1).sum()), int(info.kept.any(dim=0).sum())
+    rows, cols = int(any_true(info.kept, dim=1).sum()), int(any_true(info.kept, dim=0).sum())
     if rows == info.out_features and cols == info.in_features:
         return None
     dense = dense_candidate(info, device)
@@ -154,7 +155,7 @@ def sparse_candidates(info: OpInfo, device: DeviceProfile) -> list[Candidate]:
 def linear_candidates(info: OpInfo, device: DeviceProfile) -> list[Candidate]:
     """Dense, dense-shrink, sparse kernels (fp32 / int8, single shape or block cover, uniform or split bits)."""
     found = [dense_candidate(info, device), shrink_candidate(info, device)]
-    if bool(info.kept.any()):
+    if bool(any_true(info.kept)):
         found += sparse_candidates(info, device)
     return [c for c in found if c is not None]
 
@@ -176,6 +177,6 @@ def conv_candidates(info: OpInfo, device: DeviceProfile) -> list[Candidate]:
     if info.groups != 1:
         return [dense_candidate(info, device)]
     found = [dense_candidate(info, device), shrink_candidate(info, device)]
-    if bool(info.kept.any()):
+    if bool(any_true(info.kept)):
         found += [c for c in sparse_candidates(info, device) if len(c.parts) == 1]
     return [c for c in found if c is not None]

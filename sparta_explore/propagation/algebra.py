@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from sparta_explore.compact import core, spread
+from sparta_explore.compact import any_true, core, spread
 from sparta_explore.tesa import TeSA
 
 
@@ -43,7 +43,7 @@ def any_to(mask: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     out = core(mask)
     dims = [d for d in range(lead)] + [lead + i for i, n in enumerate(shape) if n == 1]
     for d in sorted(dims, reverse=True):
-        out = out.any(dim=d, keepdim=d >= lead) if out.shape[d] > 1 else (out.squeeze(d) if d < lead else out)
+        out = any_true(out, dim=d, keepdim=d >= lead) if out.shape[d] > 1 else (out.squeeze(d) if d < lead else out)
     return spread(out, shape)
 
 
@@ -129,8 +129,8 @@ def _one_row_linear(x: torch.Tensor, w: torch.Tensor, allowed: torch.Tensor,
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     # the product rule of y = W x on bool masks directly: no float copies of W, no autograd
     # (those cost ~10 ms per BERT linear, most of it first-touch of fresh 9 MB buffers)
-    out = (w & x).any(dim=1) & allowed
-    kx = (w & out.unsqueeze(1)).any(dim=0)
+    out = any_true(w & x, dim=1) & allowed
+    kx = any_true(w & out.unsqueeze(1), dim=0)
     return out, kx, out.unsqueeze(1) & x.unsqueeze(0)
 
 

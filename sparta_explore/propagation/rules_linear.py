@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sparta_explore.compact import any_over, both, either
+from sparta_explore.compact import any_over, any_true, both, either
 from sparta_explore.propagation.algebra import any_to, multilinear, row_wise_linear
 from sparta_explore.propagation.registry import OpUpdate, OpView, Unsupported, register_rule
 from sparta_explore.tesa import TeSA
@@ -137,7 +137,7 @@ def conv_function(op: OpView) -> OpUpdate:
 def _embedding(weight: TeSA, output: TeSA) -> tuple[torch.Tensor, torch.Tensor]:
     # out[..., d] = W[idx, d]; without relying on the index values, column d is non-zero
     # only if some row keeps it, and W[v, d] matters only if some output keeps column d
-    col_kept = weight.kept.any(dim=0)
+    col_kept = any_true(weight.kept, dim=0)
     out = output.kept & col_kept
     used = any_to(out, (1,) * (out.dim() - 1) + (out.shape[-1],)).reshape(-1)
     return out, weight.kept & used.unsqueeze(0)
@@ -176,7 +176,7 @@ def sdpa_rule(op: OpView) -> OpUpdate:
     probs = TeSA.from_mask(allowed.expand(scores_shape))
     out, (kp, kv) = multilinear(torch.matmul, [probs, v], op.output)
     # softmax couples a whole row: every score of a row matters if any probability in it does
-    rows = (kp & allowed).any(dim=-1, keepdim=True) & allowed
+    rows = any_true(kp & allowed, dim=-1, keepdim=True) & allowed
     scores_out = TeSA.from_mask(rows.expand(scores_shape))
     _, (kq, kk) = multilinear(lambda a, b: torch.matmul(a, b.transpose(-1, -2)), [q, k], scores_out)
     return OpUpdate(output=out, args={op.slot_of(0, "query"): kq, op.slot_of(1, "key"): kk,
@@ -200,11 +200,11 @@ def attention_masks_unmasked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         >>> out[0, 0].tolist(), kv[0, :, 1].tolist()
         ([True, False], [False, False, False])
     """
-    out = allowed & v.any(dim=-2, keepdim=True)
-    rows = out.any(dim=-1, keepdim=True)  # query rows whose probabilities matter
-    kq = rows & k.any(dim=-2, keepdim=True)
-    kk = (q & rows).any(dim=-2, keepdim=True)
-    kv = out.any(dim=-2, keepdim=True)
+    out = allowed & any_true(v, dim=-2, keepdim=True)
+    rows = any_true(out, dim=-1, keepdim=True)  # query rows whose probabilities matter
+    kq = rows & any_true(k, dim=-2, keepdim=True)
+    kk = any_true(q & rows, dim=-2, keepdim=True)
+    kv = any_true(out, dim=-2, keepdim=True)
     return _fit(kq, q.shape), _fit(kk, k.shape), _fit(kv, v.shape), out
 
 

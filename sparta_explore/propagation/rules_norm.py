@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sparta_explore.compact import any_over, both, either
+from sparta_explore.compact import any_over, any_true, both, either
 from sparta_explore.propagation.algebra import any_to
 from sparta_explore.propagation.registry import OpUpdate, OpView, Unsupported, register_rule
 from sparta_explore.tesa import TeSA
@@ -41,8 +41,8 @@ def batchnorm_rule(op: OpView) -> OpUpdate:
         out = _channel(b_kept, ndim) | (_channel(a_kept, ndim) & x_any)
     out = out & op.output.kept
     reduce = tuple(d for d in range(ndim) if d != 1)
-    y_any = out.any(dim=reduce) if reduce else out
-    x_any_c = xk.any(dim=reduce) if reduce else xk
+    y_any = any_true(out, dim=reduce) if reduce else out
+    x_any_c = any_true(xk, dim=reduce) if reduce else xk
     scale_used = y_any & a_kept & (x_any_c | mean)
     x_rel = out & _channel(a_kept, ndim) if running else torch.broadcast_to(_channel(y_any & a_kept, ndim), x.shape)
     params = {"weight": scale_used, "bias": y_any, "running_mean": y_any & a_kept, "running_var": scale_used}
@@ -92,16 +92,16 @@ def groupnorm_rule(op: OpView) -> OpUpdate:
     n, c = x.shape[0], x.shape[1]
     g = mod.num_groups
     xg = x.kept.reshape(n, g, -1)
-    x_any = xg.any(dim=-1, keepdim=True).expand_as(xg).reshape(x.shape)
+    x_any = any_true(xg, dim=-1, keepdim=True).expand_as(xg).reshape(x.shape)
     ones = torch.ones(c, dtype=torch.bool)
     w = p["weight"].kept if "weight" in p else ones
     b = p["bias"].kept if "bias" in p else ~ones
     nd = len(x.shape)
     out = (_channel(b, nd) | (_channel(w, nd) & x_any)) & op.output.kept
-    rel = (out & _channel(w, nd)).reshape(n, g, -1).any(dim=-1, keepdim=True)
+    rel = any_true((out & _channel(w, nd)).reshape(n, g, -1), dim=-1, keepdim=True)
     x_rel = rel.expand(n, g, xg.shape[-1]).reshape(x.shape)
     reduce = tuple(d for d in range(nd) if d != 1)
-    params = {"weight": (out & x_any).any(dim=reduce), "bias": out.any(dim=reduce)}
+    params = {"weight": any_true(out & x_any, dim=reduce), "bias": any_true(out, dim=reduce)}
     return OpUpdate(output=out, args={0: x_rel}, params={k: v for k, v in params.items() if k in p})
 
 

@@ -12,6 +12,7 @@ from sparta_explore.kernels.permute_int8 import (
     NEEDS,
     PermutedInt8Linear,
     has_permute,
+    live_quads,
     plan_steps,
     prefers_permute,
 )
@@ -78,6 +79,15 @@ def test_activations_bits_and_leading_dims(tmp_path, emulate, activation):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4 * (1 + float(want.abs().max())))
     zero = torch.zeros(3, 100)  # rows of zeros: scale 1, every level 128
     torch.testing.assert_close(layer(zero), layer.reference(zero))
+
+
+@pytest.mark.parametrize("shape,density", [((40, 130), 0.15), ((16, 64), 1.0), ((5, 3), 0.5), ((33, 202), 0.0),
+                                           ((7, 9), 0.3)])
+def test_live_quads_count_the_quads_holding_a_kept_weight(shape, density):
+    kept = np.random.default_rng(sum(shape)).random(shape) < density
+    pad = np.zeros((shape[0], -(-shape[1] // 4) * 4), dtype=bool)  # k ragged to 4: the last quad is partial
+    pad[:, :shape[1]] = kept
+    assert live_quads(kept) == int(pad.reshape(shape[0], -1, 4).any(axis=2).sum())
 
 
 def test_the_pattern_picks_the_kernel():
