@@ -33,6 +33,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
+from sparta_explore.compact import any_true
 from sparta_explore.compile.passes.base import PassOptions, PassResult, Table, register_pass
 from sparta_explore.compile.passes.channel_ops import (
     ADDS,
@@ -77,7 +78,7 @@ def _channel_axis(module: nn.Module, rank: int) -> int:
 def _reads(module: nn.Module) -> torch.Tensor:
     """(out, in) bool: whether output channel o reads input channel c through a non-zero weight."""
     w = module.weight.detach()
-    return (w != 0).reshape(w.shape[0], w.shape[1], -1).any(dim=2)
+    return any_true((w != 0).reshape(w.shape[0], w.shape[1], -1), dim=2)
 
 
 def _rank(graph: Graph, node: object) -> int | None:
@@ -125,11 +126,11 @@ def _independence(graph: Graph, gm: fx.GraphModule) -> tuple[dict, list[tuple[fx
                 continue  # an op on constants: simplify's constant folding, not ours
             indep = src.mask if isinstance(src, Independent) and src.axis == in_axis else \
                 torch.zeros(reads.shape[1], dtype=torch.bool)
-            out = ~(reads & ~indep).any(dim=1)
-            if out.any():
+            out = ~any_true(reads & ~indep, dim=1)
+            if any_true(out):
                 states[node.name] = Independent(_channel_axis(module, rank), out)
-            if (reads & indep).any() and len(graph.module_nodes(node.target)) == 1:
-                folds.append((node, indep & reads.any(dim=0)))
+            if any_true(reads & indep) and len(graph.module_nodes(node.target)) == 1:
+                folds.append((node, indep & any_true(reads, dim=0)))
         elif module is not None and depthwise(module) and isinstance(src, Independent) and src.axis == 1:
             mult = module.out_channels // module.in_channels
             states[node.name] = Independent(1, src.mask.repeat_interleave(mult))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sparta_explore.compact import any_true
 from sparta_explore.compile.passes.base import PassOptions, PassResult, Table, register_pass
 from sparta_explore.compile.passes.graph_edit import carried, clone_module, editable, finished, set_module
 from sparta_explore.compile.timing import alternating_ms
@@ -49,7 +50,7 @@ def _sparse_inside(tesa: TeSA | None) -> bool:
     if tesa is None or tesa.sparsity == 0:
         return False
     kept = tesa.kept.reshape(tesa.shape[0], tesa.shape[1], -1)
-    rows, cols = kept.any(dim=(1, 2)), kept.any(dim=(0, 2))
+    rows, cols = any_true(kept, dim=(1, 2)), any_true(kept, dim=(0, 2))
     inside = kept[rows][:, cols]
     return inside.numel() > 0 and float(inside.float().mean()) < SPARSE_INSIDE
 
