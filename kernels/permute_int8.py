@@ -121,8 +121,8 @@ def live_quads(kept: np.ndarray) -> int:
     `any` over an axis of 4 took 8 of a BERT FFN op's 9 ms here).
 
     Example:
-        >>> live_quads(np.eye(3, 5, dtype=bool))
-        4
+        >>> live_quads(np.eye(3, 6, k=2, dtype=bool))  # (0, 2) in quad 0; (1, 3), (2, 4) in quads 0 and 1
+        3
     """
     n, k = kept.shape
     pad = np.zeros((n, -(-k // QUAD) * QUAD), dtype=np.uint8)
