@@ -1,8 +1,9 @@
-"""What a compile leaves in memory: no cyclic garbage of its own, and a compiled model freed the moment it is dropped."""
+"""What a compile leaves in memory: no cyclic garbage of its own, and a model freed the moment it is dropped."""
 
 import copy
 import gc
 import weakref
+from contextlib import contextmanager
 
 import torch
 import torch.fx as fx
@@ -34,6 +35,18 @@ def _garbage_now() -> list:
         gc.garbage.clear()
 
 
+@contextmanager
+def _no_collections():
+    """No automatic garbage collection inside: what is freed there, reference counting freed."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _compiled(cache_dir, device):
     torch.manual_seed(0)
     model, x = Net().eval(), torch.randn(16, 32)
@@ -46,14 +59,9 @@ def test_a_weakly_owned_graph_module_is_freed_without_a_collection():
     gm = weakly_owned(fx.symbolic_trace(Net()))
     assert gm.graph.owning_module is gm
     ref = weakref.ref(gm)
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with _no_collections():
         del gm
         assert ref() is None
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def test_a_weakly_owned_graph_module_still_edits_copies_and_runs():
@@ -81,14 +89,9 @@ def test_a_compile_leaves_no_cyclic_garbage_and_its_model_goes_with_its_last_ref
     assert isinstance(cm.module, fx.GraphModule)
     module = weakref.ref(cm.module)
     assert torch.isfinite(cm(x)).all()
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with _no_collections():
         del cm
         assert module() is None
-    finally:
-        if enabled:
-            gc.enable()
 
 
 class _Pair:
