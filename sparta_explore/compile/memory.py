@@ -5,11 +5,11 @@ so Python frees one only in a full garbage collection, which runs once many obje
 built up. A BERT-base compile left its masked references (417 MB) to the next full
 collection, and a sweep's dropped compiled models piled up with them: five compiles in one
 process took RSS from 3.8 to 8.5 GiB, and each later compile paid the page faults (w8a8, the
-same masks again: 5.1 s with the memory freed, 7.9-9.4 s without).
+same masks again: 4.9 s with the memory freed, 7.9-9.4 s without).
 
 * `collecting_temporaries()`: around a compile, the objects that exist before it are frozen
   (`gc.freeze`, constant time), and one collection over only the objects it made frees its
-  cyclic temporaries (20-40 ms where a full collection takes 0.3 s), then they are unfrozen.
+  cyclic temporaries (17-40 ms where a full collection takes 0.3 s), then they are unfrozen.
   Skipped where something froze objects already (a nested compile, or the process itself).
 * `weakly_owned(module)`: each GraphModule in `module` gets a graph that refers to its module
   weakly, so reference counting frees the compiled model when its last reference goes.

@@ -85,16 +85,20 @@ class _State:
         readers = self.relevance[name].values()
         tesa = self.base[name]
         if readers and all(r is not None for r in readers):
-            masks = list(readers)
-            needed = masks[0]
-            for r in masks[1:]:  # most tensors have one reader: no OR, no copy
-                needed = either(needed, r)
-            tesa = TeSA._from_key(keep_where(tesa._key, needed))
+            tesa = TeSA._from_key(keep_where(tesa._key, _union(list(readers))))
         elif not readers:
             tesa = TeSA.dense(tesa.shape, bits=0)  # nobody reads it
         changed = not equal(tesa._key, self.current[name]._key)
         self.current[name] = tesa
         return changed
+
+
+def _union(masks: list[torch.Tensor]) -> torch.Tensor:
+    """The elements any of `masks` keeps (readers' needs); one mask is returned as is: most tensors have one reader."""
+    needed = masks[0]
+    for r in masks[1:]:
+        needed = either(needed, r)
+    return needed
 
 
 def _label(graph: Graph, node: fx.Node) -> str:
@@ -265,10 +269,7 @@ class _Engine:
         needs = self.state.relevance[name]
         if _EVERYTHING in needs or all(r is not None for r in needs.values()):
             return False
-        known = [r for r in needs.values() if r is not None]
-        asked = known[0]
-        for r in known[1:]:
-            asked = either(asked, r)
+        asked = _union([r for r in needs.values() if r is not None])
         kept = self.state.current[name].kept
         return not equal(either(asked, kept), asked)
 
