@@ -334,7 +334,8 @@ def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, n
     # with the pattern as data, the panel loop's literal count is bucketed: one library serves every K of a bucket
     e_ptr, n_panels = bucketed(panels.e_ptr, panels.count, len(chunk_g0) + 1) if as_data and cfg.panel else \
         (panels.e_ptr, panels.count)
-    tables += entry_tables(panels, e_ptr).array("P_X", p_x).array("P_LEN", panels.p_len)
+    # offsets as int32 (int8's P_XOFF too): a scattered pattern streams one per kept weight, 4 bytes instead of 8
+    tables += entry_tables(panels, e_ptr).array("P_X", p_x, "int32_t").array("P_LEN", panels.p_len)
     dispatch = "\n".join(
         f"{' ' * 24}case {r}: " + " ".join(f"tile{r}(xt, yb, {j} * {cfg.vectors_for(r)} * VEC, e, W, bias, P);"
                                          for j in range(cfg.tile_vectors // cfg.vectors_for(r))) + " break;"

@@ -49,7 +49,7 @@ from sparta_explore.kernels.groups import (
     word_index,
 )
 from sparta_explore.kernels.lowbit_codegen import ROWS, U8_PACK, VECTORS, accumulate_steps, u8_tile
-from sparta_explore.kernels.panels import L1_BUDGET, cut_panels, panel_rows
+from sparta_explore.kernels.panels import cut_panels, l1_budget, panel_rows
 from sparta_explore.kernels.pattern_data import KernelSource
 from sparta_explore.kernels.qtile import int32_slot, qtile
 from sparta_explore.kernels.vnni_codegen import DotMode, vnni_prelude, vnni_tile
@@ -155,12 +155,12 @@ def panel_k_for(variant: str, dot: DotMode | None, groups: Groups, n_in: int) ->
 
     Example:
         >>> g = unit_segments(align_segments(plan_groups(np.eye(8, 4096, dtype=bool), 1), 4), 4)
-        >>> panel_k_for("vnni", None, g, 4096)
-        512
+        >>> panel_k_for("vnni", None, g, 4096) == panel_rows(48, 4)  # 48 bytes of packed X per k
+        True
     """
     word = 2 if variant == "int16" else 4
     x_bytes = tile_rows_for(variant, dot) * (2 if variant == "int16" else 1)  # packed X per k
-    if not scattered(groups, word) or n_in * x_bytes <= L1_BUDGET:
+    if not scattered(groups, word) or n_in * x_bytes <= l1_budget():
         return 0
     return panel_rows(x_bytes, word)
 

@@ -34,8 +34,8 @@ CANDIDATES = (TileConfig(4, 3, 6), TileConfig(4, 2, 4), TileConfig(2, 3, 6), Til
 # measured on BERT FFN shapes: 6x2 wins at M=4096 and for 768->3072, 2x4 for 3072->768 at M=128
 SEGMENT_CANDIDATES = (TileConfig(6, 2, 6, layout="segments"), TileConfig(2, 4, 8, layout="segments"))
 MIN_SHARING = 2.0  # rows per (panel, pattern) below which the segment layout only adds spills
-TUNING_VERSION = 13  # 10: long runs and sharing capped; 11: shapes to half an octave; 12: split flat-loop sums;
-# 13: 16-float kernels pack X and unpack Y in 8 x 8 register blocks
+TUNING_VERSION = 14  # 10: long runs and sharing capped; 11: shapes to half an octave; 12: split flat-loop sums;
+# 13: 16-float kernels pack X and unpack Y in 8 x 8 register blocks; 14: K panels fill L1, scattered sets per width
 
 
 # Blocks of 8 rows or more (8x8 .. 32x32 at 90%, BERT shapes 704..3072 x 768..3072, with and without GELU): the
@@ -44,11 +44,29 @@ TUNING_VERSION = 13  # 10: long runs and sharing capped; 11: shapes to half an o
 # 2.4-3.0 s of an empty-cache compile.
 BLOCK_ROWS_NARROW = 8
 BLOCK_CANDIDATES = (TileConfig(4, 3, 3), TileConfig(6, 2, 6))
-# Scattered one-row patterns (unstructured, `scattered`): 72 searches over 5%, 10% and 25% kept, BERT shapes 768 and
-# 3072 square and FFN, with and without GELU, M 128 and 2048, AVX-512 and AVX2 builds: these 4 held the best of
-# all 8 in 65 (ties counted), and were within 4% of it in the other 7 (AVX2, where 2x3x6, 4x3x6 or 6x2 won by
-# 1-4%). 4x2x4 wins for few rows, 4x3x3 for many at AVX-512, 2x4x8 at AVX2, its K-panel form at 25% kept.
-SCATTERED_CANDIDATES = (TileConfig(4, 2, 4), TileConfig(4, 3, 3), TileConfig(2, 4, 8), TileConfig(2, 4, 8, panel=True))
+# Scattered one-row patterns (unstructured, `scattered`), per vector width. 8 floats (AVX2): 72 searches over 5%,
+# 10% and 25% kept, BERT shapes 768 and 3072 square and FFN, with and without GELU, M 128 and 2048: these 4 held the
+# best of all 8 in 65 (ties counted), within 4% of it in the other 7; 2x4x8 wins for many rows, its K-panel form at
+# 25% kept. 16 floats (AVX-512), since panels fill L1 (`panels.l1_budget`; 16 searches at 10% and 25% kept, those
+# shapes, M 128 and 2048, Zen 5): 4x2x4 wins for few rows at 10%, the panel forms of 4x2x2, 4x3x3 and 2x4x8
+# otherwise; all 16 searches held their best within 4%, where the AVX2 set was 1.02-1.30x.
+SCATTERED_CANDIDATES = {
+    8: (TileConfig(4, 2, 4), TileConfig(4, 3, 3), TileConfig(2, 4, 8), TileConfig(2, 4, 8, panel=True)),
+    16: (TileConfig(4, 2, 4), TileConfig(4, 3, 3, panel=True), TileConfig(4, 2, 2, panel=True),
+         TileConfig(2, 4, 8, panel=True)),
+}
+
+
+def scattered_candidates() -> tuple[TileConfig, ...]:
+    """The tilings timed for scattered patterns on this CPU's vector width (the first: the default for few rows).
+
+    Example:
+        >>> scattered_candidates()[0]
+        TileConfig(rows=4, vectors=2, single_vectors=4, panel=False, layout='rows')
+    """
+    return SCATTERED_CANDIDATES[vector_width()]
+
+
 SCATTERED_RUN = 2.0  # kept runs along k shorter than this on average: scattered (1.1 at 90% unstructured, 1.33 at 75%)
 
 
@@ -84,7 +102,7 @@ def candidates(kept: np.ndarray, block_rows: int = 1) -> tuple[TileConfig, ...]:
     Example:
         >>> len(candidates(np.ones((64, 64), dtype=bool))) == len(CANDIDATES) + len(SEGMENT_CANDIDATES)
         True
-        >>> candidates(np.eye(64, dtype=bool)) == SCATTERED_CANDIDATES
+        >>> candidates(np.eye(64, dtype=bool)) == scattered_candidates()
         True
         >>> candidates(np.ones((64, 64), dtype=bool), block_rows=32)[:2] == BLOCK_CANDIDATES
         True
@@ -94,7 +112,7 @@ def candidates(kept: np.ndarray, block_rows: int = 1) -> tuple[TileConfig, ...]:
     if block_rows >= BLOCK_ROWS_NARROW:
         return BLOCK_CANDIDATES + (SEGMENT_CANDIDATES[:1] if shared else ())
     if scattered(kept, block_rows, share):
-        return SCATTERED_CANDIDATES
+        return scattered_candidates()
     return CANDIDATES + (SEGMENT_CANDIDATES if shared else ())
 
 
@@ -105,8 +123,10 @@ def default_tile(kept: np.ndarray, block_rows: int, m: int | None = None) -> Til
     take the block tiling that wins their searches: 6x2 (M tiles of 6 vectors), but 4x3x3 (3 vectors) for a
     few rows on 16-float vectors, whose wide tiles leave a ragged tail. Measured at 90%, 8x8 to 32x32, BERT FFN
     shapes, with and without GELU (Zen 5): the other was 1.01-1.26x the winner (2.98x once), the general default
-    4x3x6 1.06-3.21x. Scattered patterns (unstructured) take 4x3x3 for many rows on 16-float vectors, else 4x2x4
-    (at 5-10% kept within 1.03x of the best at AVX-512 and 1.12x at AVX2 but once; 4x3x6 was up to 2.1x).
+    4x3x6 1.06-3.21x. Scattered patterns (unstructured) take 4x3x3 in L1-sized K panels for many rows on 16-float
+    vectors (10% kept, BERT FFN shapes, Zen 5: 0.90-0.95x the time of 4x3x3 without panels at M = 1024 and 4096,
+    within 1.03x of 4x2x2 in panels, which wins at M = 1024), else 4x2x4 (at 5-10% kept within 1.03x of the best at
+    AVX-512 and 1.12x at AVX2 but once; 4x3x6 was up to 2.1x).
 
     Example:
         >>> default_tile(np.ones((64, 64), dtype=bool), block_rows=1).layout
@@ -123,7 +143,7 @@ def default_tile(kept: np.ndarray, block_rows: int, m: int | None = None) -> Til
     if share >= MIN_SHARING:
         return SEGMENT_CANDIDATES[0]
     if scattered(kept, block_rows, share):
-        return SCATTERED_CANDIDATES[1] if not few and vector_width() == 16 else SCATTERED_CANDIDATES[0]
+        return scattered_candidates()[1] if not few and vector_width() == 16 else scattered_candidates()[0]
     return TileConfig()
 
 

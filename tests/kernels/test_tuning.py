@@ -3,9 +3,11 @@
 import json
 import time
 
+import pytest
 import torch
 
 from sparta_explore.kernels import SparseLinear, tuning
+from sparta_explore.kernels.panels import panel_rows
 from sparta_explore.kernels.tuning import (
     BLOCK_CANDIDATES,
     CANDIDATES,
@@ -15,6 +17,7 @@ from sparta_explore.kernels.tuning import (
     default_tile,
     m_bucket,
     pattern_class,
+    scattered_candidates,
     search,
 )
 
@@ -28,6 +31,24 @@ def test_every_candidate_tiling_is_correct(tmp_path):
         layer = SparseLinear(w, b, kept, block_rows=2, activation="gelu", tile=cfg, cache_dir=tmp_path)
         assert layer.fallback_reason is None, cfg
         check(layer, 57, 51)
+
+
+@pytest.mark.parametrize("width", sorted(SCATTERED_CANDIDATES))
+def test_every_scattered_candidate_is_correct_across_panels(tmp_path, width):
+    # K spans several L1 panels with a ragged last one; some rows keep nothing, some keep only zero weights, one
+    # keeps a single k at a panel's edge: rows first and last in a panel, or in none
+    n, k = 37, 2 * panel_rows(4 * 2 * 16) + 13  # the widest panels of them (4x2x2, 16 floats): 3
+    w, b = torch.randn(n, k), torch.randn(n)
+    kept = block_mask(n, k, (1, 1), 0.1, seed=width)
+    kept[3] = False
+    w[5] = 0.0
+    kept[7] = False
+    kept[7, panel_rows(4 * 3 * 16)] = True
+    for cfg in SCATTERED_CANDIDATES[width]:
+        layer = SparseLinear(w, b, kept, activation="gelu", tile=cfg, cache_dir=tmp_path)
+        assert layer.fallback_reason is None, cfg
+        for m in (1, 45, 131):  # ragged M tiles, and small M whose row chunks split over threads
+            check(layer, m, k)
 
 
 def test_tall_blocks_time_the_few_tilings_that_win_for_them():
@@ -52,15 +73,16 @@ def test_tall_blocks_default_to_a_tiling_their_searches_pick(monkeypatch):
 
 def test_scattered_patterns_time_the_tilings_that_win_for_them(monkeypatch):
     scattered = block_mask(256, 256, (1, 1), 0.1).numpy()
-    assert candidates(scattered, 1) == SCATTERED_CANDIDATES
-    assert set(SCATTERED_CANDIDATES) <= set(CANDIDATES)
+    assert candidates(scattered, 1) == scattered_candidates()
     assert candidates(block_mask(256, 256, (1, 4), 0.1).numpy(), 1)[:len(CANDIDATES)] == CANDIDATES  # runs of 4
     assert candidates(scattered, 2) == CANDIDATES  # two-row blocks: every tiling
     assert candidates(block_mask(256, 256, (1, 32), 0.1).numpy(), 1)[-2:] == SEGMENT_CANDIDATES  # 1x32 shares
     for width in (16, 8):
         monkeypatch.setattr(tuning, "vector_width", lambda width=width: width)
-        assert default_tile(scattered, 1, m=128) == SCATTERED_CANDIDATES[0]
-        assert default_tile(scattered, 1, m=4096) == SCATTERED_CANDIDATES[1 if width == 16 else 0]
+        assert candidates(scattered, 1) == SCATTERED_CANDIDATES[width]
+        assert default_tile(scattered, 1, m=128) == SCATTERED_CANDIDATES[width][0]
+        assert default_tile(scattered, 1, m=4096) == SCATTERED_CANDIDATES[width][1 if width == 16 else 0]
+        assert default_tile(scattered, 1, m=4096).panel == (width == 16)  # 16 floats: 4x3x3 in K panels
 
 
 def test_search_is_cached_per_pattern_and_bucket(tmp_path):
