@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from sparta_explore.kernels.groups import Groups
 
 ONE_WORD = 4  # entry flag beside 1 (first) and 2 (last): every piece is one word, so kernels run one flat loop
+PANEL_BUCKET = 16  # a kernel with its pattern as data loops over a multiple of this many panels (see `bucketed`)
 DEFAULT_L1 = 32 * 1024  # an L1 data cache the OS does not report is taken as the common 32 KiB
 CPU_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
 
@@ -60,12 +61,11 @@ def l1_budget() -> int:
 
     Scattered rows touch a tenth of a panel's k rows each, and every panel costs each row a spill and reload of its
     accumulators, so fewer, larger panels win. Measured on a 48 KiB L1 (Zen 5, AVX-512, 90% unstructured, BERT FFN
-    shapes, M = 4096, 4x3x3 tiles of 48 floats): 768 -> 3072 in 3 panels 10.7 ms, against 11.7 in 6 (24 KiB
+    shapes, M = 4096, 4x3x3 tiles of 48 floats): 768 -> 3072 in 3 panels 10.7 ms, against 14.4 in 6 (24 KiB
     panels, the old budget) and 11.7 without panels; 3072 -> 768 12.0 ms at 48 KiB, 14.4 at 32, 12.4 at 72, 13.0
     at 96. A 32 KiB L1 gets 32 KiB panels by the same rule (not measured there).
     """
     return l1_data_bytes()
-PANEL_BUCKET = 16  # a kernel with its pattern as data loops over a multiple of this many panels (see `bucketed`)
 
 
 @dataclass(frozen=True)

@@ -47,9 +47,10 @@ BLOCK_CANDIDATES = (TileConfig(4, 3, 3), TileConfig(6, 2, 6))
 # Scattered one-row patterns (unstructured, `scattered`), per vector width. 8 floats (AVX2): 72 searches over 5%,
 # 10% and 25% kept, BERT shapes 768 and 3072 square and FFN, with and without GELU, M 128 and 2048: these 4 held the
 # best of all 8 in 65 (ties counted), within 4% of it in the other 7; 2x4x8 wins for many rows, its K-panel form at
-# 25% kept. 16 floats (AVX-512), since panels fill L1 (`panels.l1_budget`; 16 searches at 10% and 25% kept, those
-# shapes, M 128 and 2048, Zen 5): 4x2x4 wins for few rows at 10%, the panel forms of 4x2x2, 4x3x3 and 2x4x8
-# otherwise; all 16 searches held their best within 4%, where the AVX2 set was 1.02-1.30x.
+# 25% kept. 16 floats (AVX-512), since panels fill L1 (`panels.l1_budget`; 16 searches of 7 tilings at 10% and 25%
+# kept, those shapes, M 128 and 2048, Zen 5): 4x2x4 wins for few rows at 10%, the panel forms of 4x2x2, 4x3x3 and
+# 2x4x8 otherwise; these 4 held the best within 2% in all 16 (the 8-float set within 5%; its 4x3x3 without panels,
+# the old default for many rows, was 1.02-1.26x the best at M 2048).
 SCATTERED_CANDIDATES = {
     8: (TileConfig(4, 2, 4), TileConfig(4, 3, 3), TileConfig(2, 4, 8), TileConfig(2, 4, 8, panel=True)),
     16: (TileConfig(4, 2, 4), TileConfig(4, 3, 3, panel=True), TileConfig(4, 2, 2, panel=True),
