@@ -253,6 +253,28 @@ static void act_rows(float *yb, long r0, long r1) {{
 
 
 
+def act_rows(act: str) -> str:
+    """C of `act_rows(yb, r0, r1)`: `act` over rows r0..r1 of the N x TILE buffer, in place, VEC floats at a time.
+
+    A K-panel tiling on 16-float vectors applies its activation this way, after the chunk's last panel, instead of
+    in every tile's finish: 90% unstructured 768 -> 3072 at M = 4096 (4x3x3 in panels, Zen 5) with GELU 11.8 ->
+    11.5 ms, with ReLU 11.4 -> 10.7 (10.6 with none). Elsewhere it measured no better or worse (AVX2's generic
+    GELU on unstructured rows 17.2 -> 18.9 ms), so other tilings keep it in the tile.
+
+    Example:
+        >>> "static void act_rows(" in act_rows("relu")
+        True
+    """
+    return f"""
+static void act_rows(float *yb, long r0, long r1) {{
+    const vf zero = {{0}}; const vf one = zero + 1.0f; (void)one;
+    for (float *p = yb + r0 * TILE, *end = yb + r1 * TILE; p < end; p += VEC) {{
+        vf v = LD(p); {_ACTIVATIONS[act]} ST(p, v);
+    }}
+}}
+"""
+
+
 PACK_TILE = c_text("pack_tile_fp32.c")
 ROWS_IO = KernelIO(PACK_TILE, UNPACK_TILE)
 
@@ -340,10 +362,15 @@ def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, n
         f"{' ' * 24}case {r}: " + " ".join(f"tile{r}(xt, yb, {j} * {cfg.vectors_for(r)} * VEC, e, W, bias, P);"
                                          for j in range(cfg.tile_vectors // cfg.vectors_for(r))) + " break;"
         for r in range(1, cfg.rows + 1))
-    tiles = "".join(_tile_function(r, act, cfg.vectors_for(r)) for r in range(1, cfg.rows + 1))
+    if act != "none" and cfg.panel and vec == 16:  # the activation as a pass over each chunk's rows: see act_rows
+        extra, tile_act = act_rows(act), "none"
+        finish = finish_tile("none", before_unpack="            act_rows(yb, C_N0[c0], C_N1[c1 - 1]);\n")
+    else:
+        extra, finish, tile_act = "", finish_tile(act), act
+    tiles = "".join(_tile_function(r, tile_act, cfg.vectors_for(r)) for r in range(1, cfg.rows + 1))
     shape = shape_tables(io, as_data, n_in, n_out)
     tables = shape + tables
-    body = entry_loop(n_panels, dispatch, finish_tile(act))
-    text = fp32_source(vec, cfg, n_in, n_out, tables.c(as_data) + tiles, fp32_driver(name, body), io=io,
+    body = entry_loop(n_panels, dispatch, finish)
+    text = fp32_source(vec, cfg, n_in, n_out, tables.c(as_data) + extra + tiles, fp32_driver(name, body), io=io,
                        shape_in_tables=bool(shape.scalars))
     return KernelSource(text, tables, as_data)

@@ -6,6 +6,7 @@ import time
 import pytest
 import torch
 
+from sparta_explore.activations import ACTIVATIONS
 from sparta_explore.kernels import SparseLinear, tuning
 from sparta_explore.kernels.panels import panel_rows
 from sparta_explore.kernels.tuning import (
@@ -45,10 +46,11 @@ def test_every_scattered_candidate_is_correct_across_panels(tmp_path, width):
     kept[7] = False
     kept[7, panel_rows(4 * 3 * 16)] = True
     for cfg in SCATTERED_CANDIDATES[width]:
-        layer = SparseLinear(w, b, kept, activation="gelu", tile=cfg, cache_dir=tmp_path)
-        assert layer.fallback_reason is None, cfg
-        for m in (1, 45, 131):  # ragged M tiles, and small M whose row chunks split over threads
-            check(layer, m, k)
+        for act in ACTIVATIONS:  # on 16 floats, K-panel tilings apply it as a pass over rows (`act_rows`)
+            layer = SparseLinear(w, b, kept, activation=act, tile=cfg, cache_dir=tmp_path)
+            assert layer.fallback_reason is None, (cfg, act)
+            for m in (1, 45, 131):  # ragged M tiles, and small M whose row chunks split over threads
+                check(layer, m, k)
 
 
 def test_tall_blocks_time_the_few_tilings_that_win_for_them():
