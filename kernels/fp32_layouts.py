@@ -28,7 +28,8 @@ def _rows_layout(weight: np.ndarray, kept: np.ndarray, block_rows: int, cfg: Til
     # scattered rows: a predictable loop; an I/O whose k rows are not evenly spaced reads one k per piece
     groups = unit_segments(plan_groups(kept, block_rows, cfg.rows), 1, math.inf if io.one_word else SHORT_SEGMENTS)
     source = generate_source(groups, kept.shape[0], kept.shape[1], vec, act, name, cfg, io, as_data=as_data)
-    return source, pack_weights(weight, kept, groups)
+    packed = pack_weights(weight, kept, groups)
+    return source, packed if source.word_order is None or not source.word_order.size else packed[source.word_order]
 
 
 def _segments_layout(weight: np.ndarray, kept: np.ndarray, block_rows: int, cfg: TileConfig, vec: int, act: str,

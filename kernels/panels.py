@@ -167,3 +167,43 @@ def cut_panels(groups: Groups, n_in: int, rows: int, chunk_g0: list[int], word: 
 def _starts(count: np.ndarray) -> np.ndarray:
     """Where each run of `count` items starts in their concatenation."""
     return np.cumsum(count) - count
+
+
+def by_length(panels: Panels, chunk_g0: list[int], group_rows: np.ndarray) -> tuple[Panels, np.ndarray]:
+    """(`panels` with each (panel, chunk)'s entries ordered by their piece count, the gather index of packed words).
+
+    A scattered row's flat loop runs a count of pieces the branch predictor cannot guess: in row order every entry
+    mispredicts its loop's exit and its remainder. In order of length, entries with one count follow each other and
+    the predictor learns it (90% unstructured, 3 K panels: 4.5% less time in the loops). The pieces and packed words
+    are laid out in the new order too (`words = old_words[index]`): read out of order, the weight and offset streams
+    lost more than the ordering won (10.6 -> 12.1 ms). Each entry is still one group inside one panel and the panels
+    of a chunk still run in order, so `first`, `last` and every sum are as before.
+
+    Example:
+        >>> from sparta_explore.kernels.groups import plan_groups
+        >>> g = plan_groups(np.array([[1, 0, 1, 0, 1, 0], [0, 0, 0, 1, 0, 0]], dtype=bool), 1)
+        >>> p, index = by_length(cut_panels(g, 6, 6, [0]), [0], g.rows)
+        >>> p.e_group.tolist(), p.p_k0.tolist(), index.tolist()
+        ([1, 0], [3, 0, 2, 4], [3, 0, 1, 2])
+    """
+    n_entries = len(panels.e_group)
+    if not n_entries:
+        return panels, np.zeros(0, dtype=np.int64)
+    pieces = panels.e_piece1 - panels.e_piece0
+    per_panel = len(chunk_g0) + 1  # e_ptr's entries per panel: each chunk's first, and the panel's end
+    chunk = np.searchsorted(np.asarray(chunk_g0, dtype=np.int64), panels.e_group, side="right") - 1
+    panel = panels.p_k0[panels.e_piece0] // panels.rows
+    order = np.lexsort((pieces, chunk, panel))  # stable: entries of one length keep their row order
+    new_pieces = pieces[order]
+    piece_start = np.cumsum(new_pieces) - new_pieces
+    piece_index = np.repeat(panels.e_piece0[order] - piece_start, new_pieces) + np.arange(int(new_pieces.sum()))
+    # an entry's packed words are contiguous: its pieces' words times its group's rows, from its offset
+    words = np.add.reduceat(panels.p_len, panels.e_piece0)
+    span = (words * np.asarray(group_rows, dtype=np.int64)[panels.e_group])[order]
+    w_start = np.cumsum(span) - span
+    w_index = np.repeat(panels.e_woff[order] - w_start, span) + np.arange(int(span.sum()))
+    key = panel[order] * per_panel + chunk[order]
+    e_ptr = np.searchsorted(key, np.arange(panels.count * per_panel, dtype=np.int64))
+    return Panels(panels.rows, panels.e_group[order], piece_start, piece_start + new_pieces, w_start,
+                  panels.e_flags[order], panels.p_k0[piece_index], panels.p_len[piece_index],
+                  e_ptr.astype(np.int64), panels.count), w_index.astype(np.int64)

@@ -16,7 +16,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -125,8 +125,11 @@ def pattern_struct(t64: torch.Tensor, t32: torch.Tensor, layout: tuple[int, ...]
 
 @dataclass(frozen=True)
 class KernelSource:
-    """A generated kernel: its C text and the pattern tables it reads (baked into the text, or `as_data`)."""
+    """A generated kernel: its C text and the pattern tables it reads (baked into the text, or `as_data`), and where
+    the kernel reads its packed weights in another order than they were packed, the gather index (`word_order`:
+    kernel's words = packed[word_order])."""
 
     text: str
     tables: PatternTables
     as_data: bool
+    word_order: np.ndarray | None = field(default=None, compare=False)

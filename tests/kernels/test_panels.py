@@ -9,7 +9,7 @@ from sparta_explore.kernels import sparse_linear as sparse_linear_module
 from sparta_explore.kernels.build import cpu_flags
 from sparta_explore.kernels.groups import align_segments, plan_groups, unit_segments
 from sparta_explore.kernels.int8_codegen import panel_k_for
-from sparta_explore.kernels.panels import ONE_WORD, cut_panels, l1_data_bytes, panel_rows
+from sparta_explore.kernels.panels import ONE_WORD, by_length, cut_panels, l1_data_bytes, panel_rows
 from sparta_explore.kernels.vnni_codegen import DOT_MODES
 
 from .grids import pairwise
@@ -109,3 +109,34 @@ def test_l1_size_without_sysfs_is_a_positive_default(tmp_path):
     _cache_index(tmp_path, "index0", 1, "Data", "not a size")  # unreadable: the next source is asked
     assert l1_data_bytes(tmp_path) >= 16 * 1024
     assert l1_data_bytes(tmp_path / "missing") >= 16 * 1024
+
+
+def _entry_words(p, words):
+    """(group, k, packed word) of every word each entry reads."""
+    out = set()
+    for e in range(len(p.e_group)):
+        at = p.e_woff[e]
+        for piece in range(p.e_piece0[e], p.e_piece1[e]):
+            for k in range(p.p_k0[piece], p.p_k0[piece] + p.p_len[piece]):
+                out.add((int(p.e_group[e]), int(k), int(words[at])))
+                at += 1
+    return out
+
+
+def test_entries_by_length_read_the_same_words_each_chunk_ordered_by_length():
+    kept = np.random.default_rng(0).random((50, 300)) < 0.1
+    kept[7] = False  # a row with nothing: no entry
+    kept[9, 64] = True  # a piece on a panel's first k
+    groups = unit_segments(plan_groups(kept, 1), 1, np.inf)
+    chunk_g0 = [0, 10, 30]
+    panels = cut_panels(groups, 300, 64, chunk_g0)
+    packed = np.arange(int(kept.sum())) + 1000  # one id per packed word
+    ordered, index = by_length(panels, chunk_g0, groups.rows)
+    assert _entry_words(ordered, packed[index]) == _entry_words(panels, packed)
+    assert sorted(index.tolist()) == list(range(packed.size))
+    for lo, hi, new_lo, new_hi in zip(panels.e_ptr[:-1], panels.e_ptr[1:], ordered.e_ptr[:-1], ordered.e_ptr[1:]):
+        assert sorted(panels.e_group[lo:hi]) == sorted(ordered.e_group[new_lo:new_hi])  # same entries per chunk
+        lengths = ordered.e_piece1[new_lo:new_hi] - ordered.e_piece0[new_lo:new_hi]
+        assert np.all(np.diff(lengths) >= 0)
+        flags = dict(zip(panels.e_group[lo:hi], panels.e_flags[lo:hi]))
+        assert all(flags[g] == f for g, f in zip(ordered.e_group[new_lo:new_hi], ordered.e_flags[new_lo:new_hi]))
