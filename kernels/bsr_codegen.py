@@ -236,21 +236,25 @@ def widen(c: str) -> str:
     return out.replace("VEC * 4", "64").replace("VEC == 16", "1").replace("VEC == 8", "0")
 
 
+def _act_rows_loop(act: str, step: str) -> str:
+    """C of `act_rows(yb, r0, r1)` on `vf` vectors, `step` floats at a time (`widen` makes it 16-float)."""
+    return f"""
+static void act_rows(float *yb, long r0, long r1) {{
+    const vf zero = {{0}}; const vf one = zero + 1.0f; (void)one;
+    for (float *p = yb + r0 * TILE, *end = yb + r1 * TILE; p < end; p += {step}) {{
+        vf v = LD(p); {_ACTIVATIONS[act]} ST(p, v);
+    }}
+}}
+"""
+
+
 def act_rows_wide(act: str) -> str:
     """C of `act_rows(yb, r0, r1)`: `act` over rows r0..r1 of the N x TILE buffer, 16 floats at a time.
 
     TILE must be a multiple of 16. Uses the widened prelude (`widen`), which it includes.
     """
     prelude = "\n".join(line for line in widen(_PRELUDE).splitlines() if not line.startswith("#include"))
-    return prelude + f"""
-static void act_rows(float *yb, long r0, long r1) {{
-    const wf zero = {{0}}; const wf one = zero + 1.0f; (void)one;
-    for (float *p = yb + r0 * TILE, *end = yb + r1 * TILE; p < end; p += 16) {{
-        wf v = WLD(p); {widen(_ACTIVATIONS[act])} WST(p, v);
-    }}
-}}
-"""
-
+    return prelude + widen(_act_rows_loop(act, "16"))
 
 
 def act_rows(act: str) -> str:
@@ -265,14 +269,7 @@ def act_rows(act: str) -> str:
         >>> "static void act_rows(" in act_rows("relu")
         True
     """
-    return f"""
-static void act_rows(float *yb, long r0, long r1) {{
-    const vf zero = {{0}}; const vf one = zero + 1.0f; (void)one;
-    for (float *p = yb + r0 * TILE, *end = yb + r1 * TILE; p < end; p += VEC) {{
-        vf v = LD(p); {_ACTIVATIONS[act]} ST(p, v);
-    }}
-}}
-"""
+    return _act_rows_loop(act, "VEC")
 
 
 PACK_TILE = c_text("pack_tile_fp32.c")
