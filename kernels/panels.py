@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 ONE_WORD = 4  # entry flag beside 1 (first) and 2 (last): every piece is one word, so kernels run one flat loop
 PANEL_BUCKET = 16  # a kernel with its pattern as data loops over a multiple of this many panels (see `bucketed`)
 DEFAULT_L1 = 32 * 1024  # an L1 data cache the OS does not report is taken as the common 32 KiB
+DEFAULT_L2 = 256 * 1024  # and an unreported L2 as the smallest common one
 CPU_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
 
 
@@ -34,6 +35,22 @@ def _bytes(size: str) -> int:
     return int(size.rstrip("KMG")) * scale
 
 
+def _cache_size(cache_dir: Path, level: int, sysconf_name: str, default: int) -> int:
+    """One core's cache of `level` (data or unified) in bytes: sysfs, else `sysconf`, else `default`."""
+    for index in sorted(cache_dir.glob("index*")):
+        try:
+            if (index / "level").read_text().strip() == str(level) and (index / "type").read_text().strip() in (
+                    "Data", "Unified"):
+                return _bytes((index / "size").read_text())
+        except (OSError, ValueError):
+            continue
+    try:
+        size = os.sysconf(sysconf_name)
+    except (ValueError, OSError, AttributeError):
+        size = 0
+    return int(size) if size and size > 0 else default
+
+
 @functools.cache
 def l1_data_bytes(cache_dir: Path = CPU_CACHE) -> int:
     """One core's L1 data cache in bytes: sysfs's level-1 data cache, else `sysconf`, else `DEFAULT_L1`.
@@ -42,18 +59,18 @@ def l1_data_bytes(cache_dir: Path = CPU_CACHE) -> int:
         >>> l1_data_bytes() >= 16 * 1024
         True
     """
-    for index in sorted(cache_dir.glob("index*")):
-        try:
-            if (index / "level").read_text().strip() == "1" and (index / "type").read_text().strip() in (
-                    "Data", "Unified"):
-                return _bytes((index / "size").read_text())
-        except (OSError, ValueError):
-            continue
-    try:
-        size = os.sysconf("SC_LEVEL1_DCACHE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        size = 0
-    return int(size) if size and size > 0 else DEFAULT_L1
+    return _cache_size(cache_dir, 1, "SC_LEVEL1_DCACHE_SIZE", DEFAULT_L1)
+
+
+@functools.cache
+def l2_bytes(cache_dir: Path = CPU_CACHE) -> int:
+    """One core's L2 cache in bytes: sysfs's level-2 cache, else `sysconf`, else `DEFAULT_L2`.
+
+    Example:
+        >>> l2_bytes() >= 128 * 1024
+        True
+    """
+    return _cache_size(cache_dir, 2, "SC_LEVEL2_CACHE_SIZE", DEFAULT_L2)
 
 
 def l1_budget() -> int:

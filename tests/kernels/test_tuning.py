@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sparta_explore.activations import ACTIVATIONS
-from sparta_explore.kernels import SparseLinear, tuning
+from sparta_explore.kernels import SparseLinear, bsr_codegen, tuning
 from sparta_explore.kernels.panels import panel_rows
 from sparta_explore.kernels.tuning import (
     BLOCK_CANDIDATES,
@@ -34,8 +34,11 @@ def test_every_candidate_tiling_is_correct(tmp_path):
         check(layer, 57, 51)
 
 
+@pytest.mark.parametrize("outputs_in_l2", [True, False])  # K panels outer over all chunks, or chunks outer
 @pytest.mark.parametrize("width", sorted(SCATTERED_CANDIDATES))
-def test_every_scattered_candidate_is_correct_across_panels(tmp_path, width):
+def test_every_scattered_candidate_is_correct_across_panels(tmp_path, monkeypatch, width, outputs_in_l2):
+    if not outputs_in_l2:
+        monkeypatch.setattr(bsr_codegen, "l2_bytes", lambda: 0)
     # K spans several L1 panels with a ragged last one; some rows keep nothing, some keep only zero weights, one
     # keeps a single k at a panel's edge: rows first and last in a panel, or in none
     n, k = 37, 2 * panel_rows(4 * 2 * 16) + 13  # the widest panels of them (4x2x2, 16 floats): 3
@@ -49,7 +52,7 @@ def test_every_scattered_candidate_is_correct_across_panels(tmp_path, width):
         for act in ACTIVATIONS:  # on 16 floats, K-panel tilings apply it as a pass over rows (`act_rows`)
             layer = SparseLinear(w, b, kept, activation=act, tile=cfg, cache_dir=tmp_path)
             assert layer.fallback_reason is None, (cfg, act)
-            for m in (1, 45, 131):  # ragged M tiles, and small M whose row chunks split over threads
+            for m in (1, 45, 2000):  # small M: row chunks split over threads; large: a work item runs them all
                 check(layer, m, k)
 
 
