@@ -24,7 +24,7 @@ from sparta_explore.activations import ACTIVATIONS
 from sparta_explore.kernels.c_templates import c_fill, c_text
 from sparta_explore.kernels.groups import R_MAX, Groups
 from sparta_explore.kernels.kernel_io import KernelIO
-from sparta_explore.kernels.panels import ONE_WORD, Panels, bucketed, by_length, cut_panels, l2_bytes, panel_rows
+from sparta_explore.kernels.panels import ONE_WORD, Panels, bucketed, by_length, cache_bytes, cut_panels, panel_rows
 from sparta_explore.kernels.pattern_data import KernelSource, PatternTables
 
 V = 3  # vectors of M per register tile (default)
@@ -190,7 +190,7 @@ def entry_loop(n_panels: int, dispatch: str, finish: str, panel_outer_bytes: int
 
     With `panel_outer_bytes`, a kernel of several panels whose item outputs (N_OUT x TILE floats) fit in that many
     bytes runs panel by panel over all its chunks instead, then finishes every chunk: each panel of X comes into L1
-    once, not once per chunk, and the outputs wait in L2 (`panels.l2_bytes`). 90% unstructured 3072 -> 768 at
+    once, not once per chunk, and the outputs wait in L2 (`panels.cache_bytes(2)`). 90% unstructured 3072 -> 768 at
     M = 4096 (12 panels, 4x3x3): 11.6 -> 11.3 ms; the BERT FFN block, fused, 20.1 -> 19.6 ms (in-process A/B);
     768 -> 3072, whose outputs fill more than half of L2, measured the same either way and keeps chunks outer.
     """
@@ -393,7 +393,7 @@ def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, n
     tiles = "".join(_tile_function(r, tile_act, cfg.vectors_for(r)) for r in range(1, cfg.rows + 1))
     shape = shape_tables(io, as_data, n_in, n_out)
     tables = shape + tables
-    body = entry_loop(n_panels, dispatch, finish, panel_outer_bytes=l2_bytes() // 2)
+    body = entry_loop(n_panels, dispatch, finish, panel_outer_bytes=cache_bytes(2) // 2)
     text = fp32_source(vec, cfg, n_in, n_out, tables.c(as_data) + extra + tiles, fp32_driver(name, body), io=io,
                        shape_in_tables=bool(shape.scalars))
     return KernelSource(text, tables, as_data, word_order)

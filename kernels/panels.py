@@ -4,7 +4,7 @@ Without panels a one-row group streams every x vector it uses from L2 (one vecto
 FMA: at 32 B/cycle that caps it near half of peak). Processing all groups panel by panel
 keeps the panel of the packed X tile in L1; accumulators go to the tile's output buffer
 between panels (`first` starts from zero, `last` adds bias and activation). A panel is as
-large as this machine's L1 data cache (`l1_data_bytes`): every panel costs each row one
+large as this machine's L1 data cache (`cache_bytes(1)`): every panel costs each row one
 more spill and reload of its accumulators, so panels want to be as few as L1 allows.
 """
 
@@ -35,8 +35,18 @@ def _bytes(size: str) -> int:
     return int(size.rstrip("KMG")) * scale
 
 
-def _cache_size(cache_dir: Path, level: int, sysconf_name: str, default: int) -> int:
-    """One core's cache of `level` (data or unified) in bytes: sysfs, else `sysconf`, else `default`."""
+# cache level -> the sysconf name that reports it, and the size taken where nothing does
+_UNREPORTED = {1: ("SC_LEVEL1_DCACHE_SIZE", DEFAULT_L1), 2: ("SC_LEVEL2_CACHE_SIZE", DEFAULT_L2)}
+
+
+@functools.cache
+def cache_bytes(level: int, cache_dir: Path = CPU_CACHE) -> int:
+    """One core's data (or unified) cache of `level` (1 or 2) in bytes: sysfs, else `sysconf`, else a default.
+
+    Example:
+        >>> cache_bytes(1) >= 16 * 1024, cache_bytes(2) >= 128 * 1024
+        (True, True)
+    """
     for index in sorted(cache_dir.glob("index*")):
         try:
             if (index / "level").read_text().strip() == str(level) and (index / "type").read_text().strip() in (
@@ -44,33 +54,12 @@ def _cache_size(cache_dir: Path, level: int, sysconf_name: str, default: int) ->
                 return _bytes((index / "size").read_text())
         except (OSError, ValueError):
             continue
+    name, default = _UNREPORTED[level]
     try:
-        size = os.sysconf(sysconf_name)
+        size = os.sysconf(name)
     except (ValueError, OSError, AttributeError):
         size = 0
     return int(size) if size and size > 0 else default
-
-
-@functools.cache
-def l1_data_bytes(cache_dir: Path = CPU_CACHE) -> int:
-    """One core's L1 data cache in bytes: sysfs's level-1 data cache, else `sysconf`, else `DEFAULT_L1`.
-
-    Example:
-        >>> l1_data_bytes() >= 16 * 1024
-        True
-    """
-    return _cache_size(cache_dir, 1, "SC_LEVEL1_DCACHE_SIZE", DEFAULT_L1)
-
-
-@functools.cache
-def l2_bytes(cache_dir: Path = CPU_CACHE) -> int:
-    """One core's L2 cache in bytes: sysfs's level-2 cache, else `sysconf`, else `DEFAULT_L2`.
-
-    Example:
-        >>> l2_bytes() >= 128 * 1024
-        True
-    """
-    return _cache_size(cache_dir, 2, "SC_LEVEL2_CACHE_SIZE", DEFAULT_L2)
 
 
 def l1_budget() -> int:
@@ -82,7 +71,7 @@ def l1_budget() -> int:
     panels, the old budget) and 11.7 without panels; 3072 -> 768 12.0 ms at 48 KiB, 14.4 at 32, 12.4 at 72, 13.0
     at 96. A 32 KiB L1 gets 32 KiB panels by the same rule (not measured there).
     """
-    return l1_data_bytes()
+    return cache_bytes(1)
 
 
 @dataclass(frozen=True)
@@ -212,12 +201,12 @@ def by_length(panels: Panels, chunk_g0: list[int], group_rows: np.ndarray) -> tu
     panel = panels.p_k0[panels.e_piece0] // panels.rows
     order = np.lexsort((pieces, chunk, panel))  # stable: entries of one length keep their row order
     new_pieces = pieces[order]
-    piece_start = np.cumsum(new_pieces) - new_pieces
+    piece_start = _starts(new_pieces)
     piece_index = np.repeat(panels.e_piece0[order] - piece_start, new_pieces) + np.arange(int(new_pieces.sum()))
     # an entry's packed words are contiguous: its pieces' words times its group's rows, from its offset
     words = np.add.reduceat(panels.p_len, panels.e_piece0)
     span = (words * np.asarray(group_rows, dtype=np.int64)[panels.e_group])[order]
-    w_start = np.cumsum(span) - span
+    w_start = _starts(span)
     w_index = np.repeat(panels.e_woff[order] - w_start, span) + np.arange(int(span.sum()))
     key = panel[order] * per_panel + chunk[order]
     e_ptr = np.searchsorted(key, np.arange(panels.count * per_panel, dtype=np.int64))

@@ -145,7 +145,8 @@ def default_tile(kept: np.ndarray, block_rows: int, m: int | None = None) -> Til
     if share >= MIN_SHARING:
         return SEGMENT_CANDIDATES[0]
     if scattered(kept, block_rows, share):
-        return scattered_candidates()[1] if not few and vector_width() == 16 else scattered_candidates()[0]
+        offered = scattered_candidates()
+        return offered[1] if not few and vector_width() == 16 else offered[0]
     return TileConfig()
 
 

@@ -9,7 +9,7 @@ from sparta_explore.kernels import sparse_linear as sparse_linear_module
 from sparta_explore.kernels.build import cpu_flags
 from sparta_explore.kernels.groups import align_segments, plan_groups, unit_segments
 from sparta_explore.kernels.int8_codegen import panel_k_for
-from sparta_explore.kernels.panels import ONE_WORD, by_length, cut_panels, l1_data_bytes, l2_bytes, panel_rows
+from sparta_explore.kernels.panels import ONE_WORD, by_length, cache_bytes, cut_panels, panel_rows
 from sparta_explore.kernels.vnni_codegen import DOT_MODES
 
 from .grids import pairwise
@@ -101,16 +101,16 @@ def test_cache_sizes_are_read_from_sysfs_level_one_data_and_level_two(tmp_path):
     _cache_index(tmp_path, "index0", 1, "Instruction", "64K")
     _cache_index(tmp_path, "index1", 1, "Data", "48K")
     _cache_index(tmp_path, "index2", 2, "Unified", "1M")
-    assert l1_data_bytes(tmp_path) == 48 * 1024
-    assert l2_bytes(tmp_path) == 1024 * 1024
-    assert panel_rows(192, budget=l1_data_bytes(tmp_path)) == 256
+    assert cache_bytes(1, tmp_path) == 48 * 1024
+    assert cache_bytes(2, tmp_path) == 1024 * 1024
+    assert panel_rows(192, budget=cache_bytes(1, tmp_path)) == 256
 
 
 def test_l1_size_without_sysfs_is_a_positive_default(tmp_path):
     _cache_index(tmp_path, "index0", 1, "Data", "not a size")  # unreadable: the next source is asked
-    assert l1_data_bytes(tmp_path) >= 16 * 1024
-    assert l1_data_bytes(tmp_path / "missing") >= 16 * 1024
-    assert l2_bytes(tmp_path / "missing") >= 128 * 1024
+    assert cache_bytes(1, tmp_path) >= 16 * 1024
+    assert cache_bytes(1, tmp_path / "missing") >= 16 * 1024
+    assert cache_bytes(2, tmp_path / "missing") >= 128 * 1024
 
 
 def _entry_words(p, words):

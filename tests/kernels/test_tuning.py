@@ -38,7 +38,7 @@ def test_every_candidate_tiling_is_correct(tmp_path):
 @pytest.mark.parametrize("width", sorted(SCATTERED_CANDIDATES))
 def test_every_scattered_candidate_is_correct_across_panels(tmp_path, monkeypatch, width, outputs_in_l2):
     if not outputs_in_l2:
-        monkeypatch.setattr(bsr_codegen, "l2_bytes", lambda: 0)
+        monkeypatch.setattr(bsr_codegen, "cache_bytes", lambda level: 0)
     # K spans several L1 panels with a ragged last one; some rows keep nothing, some keep only zero weights, one
     # keeps a single k at a panel's edge: rows first and last in a panel, or in none
     n, k = 37, 2 * panel_rows(4 * 2 * 16) + 13  # the widest panels of them (4x2x2, 16 floats): 3
