@@ -9,8 +9,8 @@ own tables); the driver gets their entry points as pointers.
 * fp32 (`FusedFp32Pair`, two `SparseLinear`): fc1's output tile (N x TILE, K-major) is fc2's
   packed input tile as it is: nothing is packed between them.
 * permute int8 (`FusedPermutePair`, two `PermutedInt8Linear`, kernels/permute_int8.py): per tile of 16
-  rows of M, fc1's rows go to a 16 x N1 float buffer (in L2), quantized per row exactly as fc2
-  quantizes its input, then fc2 writes its rows of Y: the same arithmetic as the two ops.
+  rows of M, fc1's rows go to a 16 x N1 float buffer (in L2), quantized per row by fc2's own library
+  (fc2's activation bits), then fc2 writes its rows of Y: the same arithmetic as the two ops.
 * int8 (`FusedInt8Pair`, two `Int8SparseLinear`): fc2 packs fc1's tile on its own grids
   (`..._pack_kmajor`, each row of M on its own grid as fc2's own packing would give it). fc1's
   fp32 outputs can differ from the unfused build's in the last bit (the compiler contracts
@@ -227,16 +227,17 @@ class FusedPermutePair(FusedPair):
     def _bind_driver(self, lib: ctypes.CDLL, a: ctypes.CDLL, b: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, tuple]:
         fn = lib.fused_pair_permute
         fn.restype = None
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_long] * 5 + [ctypes.c_void_p] * 5
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_long] * 5 + [ctypes.c_void_p] * 6
         s = self.symbol
-        return fn, (_entry(a, f"{s}_quantize"), _entry(a, f"{s}_tile"), _entry(b, f"{s}_tile"))
+        # each op quantizes its own input: the two may keep their activations at different bits
+        return fn, tuple(_entry(lib_, f"{s}_{name}") for lib_ in (a, b) for name in ("quantize", "tile"))
 
     def _call(self, x2: torch.Tensor, y: torch.Tensor) -> None:
-        quantize, run_a, run_b = self._entries
+        quantize_a, run_a, quantize_b, run_b = self._entries
         a, b = self.first, self.second
         la, lb = a.layer(), b.layer()
         self._fn(x2.data_ptr(), y.data_ptr(), x2.shape[0], a.in_features, a.out_features, b.out_features, a._tile,
-                 quantize, run_a, ctypes.byref(la), run_b, ctypes.byref(lb))
+                 quantize_a, run_a, ctypes.byref(la), quantize_b, run_b, ctypes.byref(lb))
 
 
 PAIRS: dict[type, type[FusedPair]] = {Int8SparseLinear: FusedInt8Pair, SparseLinear: FusedFp32Pair,

@@ -79,15 +79,15 @@ void fused_pair_fp32(const float *X, float *Y, long M, long T, pack_rows32_fn pa
 }
 
 /* The permute int8 pair (kernels/permute_int8.py): per tile of 16 rows of M, the first kernel's rows
-   (activation included) go to a private N1-wide buffer, which is quantized per row as the second
-   kernel would quantize its input, and the second writes its rows of Y. */
+   (activation included) go to a private N1-wide buffer, which the second kernel's own quantize (its
+   activation bits) turns into its input, and the second writes its rows of Y. */
 typedef void (*permute_quantize_fn)(const float *X, uint8_t *xq, float *sx, long m0, long mt, long K);
 typedef void (*permute_tile_fn)(const uint8_t *xq, const float *sx, float *Y, long m0, long mt, long K, long N,
                                 const void *layer, long b0, long b1);
 
 void fused_pair_permute(const float *X, float *Y, long M, long K1, long N1, long N2, long T,
-                        permute_quantize_fn quantize, permute_tile_fn run_a, const void *la, permute_tile_fn run_b,
-                        const void *lb) {
+                        permute_quantize_fn quantize_a, permute_tile_fn run_a, const void *la,
+                        permute_quantize_fn quantize_b, permute_tile_fn run_b, const void *lb) {
     const long tiles = (M + T - 1) / T, pad1 = (K1 + 63) / 64 * 64, pad2 = (N1 + 63) / 64 * 64;
     #pragma omp parallel
     {
@@ -97,9 +97,9 @@ void fused_pair_permute(const float *X, float *Y, long M, long K1, long N1, long
         #pragma omp for schedule(static)
         for (long i = 0; i < tiles; ++i) {
             const long m0 = i * T, mt = M - m0 < T ? M - m0 : T;
-            quantize(X, xa, sa, m0, mt, K1);
+            quantize_a(X, xa, sa, m0, mt, K1);
             run_a(xa, sa, ya, 0, mt, K1, N1, la, 0, (N1 + 15) / 16);
-            quantize(ya, xb, sb, 0, mt, N1);
+            quantize_b(ya, xb, sb, 0, mt, N1);
             run_b(xb, sb, Y, m0, mt, N1, N2, lb, 0, (N2 + 15) / 16);
         }
         free(xa); free(xb); free(ya); free(sa); free(sb);

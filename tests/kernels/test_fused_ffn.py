@@ -207,3 +207,19 @@ def test_permute_pair_matches_the_two_ops_in_turn(tmp_path, emulate, k, n, densi
         ref = second.reference(first.reference(x))
         _same_but_ties(fused(x), ref)
     same_after_copies(fused, x)
+
+
+@pytest.mark.parametrize("emulate", PERMUTE_MODES)
+@pytest.mark.parametrize("bits_first,bits_second", [(8, 6), (5, 8)])
+def test_permute_pair_quantizes_each_input_at_its_own_bits(tmp_path, emulate, bits_first, bits_second):
+    # the second op's input is quantized by the second op's library: its levels, not the first's
+    g = torch.Generator().manual_seed(bits_first * 10 + bits_second)
+    first = PermutedInt8Linear(torch.randn(96, 64, generator=g), None, block_mask(96, 64, (1, 1), 0.2),
+                               activation="gelu", act_bits=bits_first, emulate_dot=emulate, cache_dir=tmp_path)
+    second = PermutedInt8Linear(torch.randn(64, 96, generator=g), torch.randn(64, generator=g),
+                                block_mask(64, 96, (1, 1), 0.2, seed=1), act_bits=bits_second, emulate_dot=emulate,
+                                cache_dir=tmp_path)
+    fused = fused_pair(first, second, cache_dir=tmp_path)
+    x = torch.randn(40, 64, generator=g) * 3
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), second(first(x)), rtol=0, atol=0)
