@@ -185,13 +185,13 @@ def test_scattered_rows_with_split_accumulators_match_reference(tmp_path, tile):
 
 @pytest.mark.parametrize("activation", ["gelu", "silu"])
 def test_fused_activation_is_exact_to_float_rounding_over_its_range(tmp_path, activation):
-    # identity weights expose the activation itself: GELU's 16 fitted pieces (AVX-512) and every piece edge,
+    # identity weights expose the activation itself: GELU's 32 fitted pieces (AVX-512) and every piece edge,
     # the 5.5 cut, and the reciprocal estimates; against float64
     n = 64
     lin = SparseLinear(torch.eye(n), torch.zeros(n), torch.ones(n, n, dtype=torch.bool), activation=activation,
                        cache_dir=tmp_path)
-    edges = torch.arange(17) * (5.5 / 16)
-    x = torch.cat([torch.linspace(-12, 12, 48000), edges, -edges, edges + 1e-6, torch.randn(16000 - 51) * 3])
+    edges = torch.arange(33) * (5.5 / 32)
+    x = torch.cat([torch.linspace(-12, 12, 48000), edges, -edges, edges + 1e-6, torch.randn(16000 - 99) * 3])
     x = x.reshape(-1, n)
     with torch.no_grad():
         got = lin(x)
