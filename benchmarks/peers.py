@@ -2,7 +2,7 @@
 
 Cases (90% sparsity): BERT FFN linears 768->3072 and 3072->768 at M = 4096 and 128 tokens,
 patterns 32x32 blocks, 1x32 blocks and unstructured, fp32 and int8; plus the FFN block
-768->3072->GELU->768 (unstructured on both linears, M = 4096, fp32 and int8) that ours runs
+768->3072->GELU->768 (unstructured on both linears, M = 4096 and 128, fp32 and int8) that ours runs
 through `sparta_explore.compile`. `--quick`: 768->3072 at M = 4096 (every pattern, both
 precisions) and the FFN block in fp32.
 
@@ -46,6 +46,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -122,8 +123,8 @@ def cases(quick: bool) -> list[Case]:
     tokens = (4096,) if quick else (4096, 128)
     out = [Case("linear", k, n, m, p, prec) for k, n in shapes for m in tokens for p in PATTERNS
            for prec in ("fp32", "int8")]
-    return out + [Case("ffn", 768, 3072, 4096, "unstructured", prec) for prec in (("fp32",) if quick else
-                                                                                  ("fp32", "int8"))]
+    ffn_precs = ("fp32",) if quick else ("fp32", "int8")
+    return out + [Case("ffn", 768, 3072, m, "unstructured", prec) for m in tokens for prec in ffn_precs]
 
 
 def seeded(*parts: object) -> torch.Generator:
@@ -327,12 +328,15 @@ def main() -> None:
     parser.add_argument("--isa", choices=sorted(ISA_CEILINGS), default="native",
                         help="avx2: both sides run as on an AVX2 + FMA CPU (ours: no AVX-512/VNNI flags, gcc "
                              "-mno-avx512f -mno-avxvnni; DeepSparse: NM_ARCH=avx2)")
+    parser.add_argument("--only", metavar="REGEX", help="run only the cases whose id matches, e.g. 'ffn_.*int8'")
     parser.add_argument("--no-2d", action="store_true", help="skip DeepSparse on the (M, K) layout (ds2d_ms)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     set_target_isa(args.isa)
     warnings.simplefilter("ignore")
-    rows = cases(args.quick)
+    rows = [c for c in cases(args.quick) if args.only is None or re.search(args.only, c.id)]
+    if not rows:
+        parser.error(f"--only {args.only!r} matches no case id (e.g. {cases(False)[0].id})")
     load_before = os.getloadavg()[0]
     device = DeviceProfile.load_or_measure() if any(c.kind == "ffn" for c in rows) else None
     with tempfile.TemporaryDirectory(prefix="peers-") as tmp_dir:
