@@ -9,7 +9,9 @@ each lane's 4 x values from the window's 64 bytes of one row of M, then `vpdpbus
 products into the lane. A block needs as many steps in a window as its fullest row needs
 quads there (about half of the slots hold a kept weight at 90%, against 3 in 10 for quads).
 Each row of M (16 per tile) has its own accumulator, so Y comes out row-major: no K-major
-packing, no transposing back.
+packing, no transposing back. A (block, window) cell's steps share one x per row of M, so up to
+CHUNK of them run with their vectors in registers and x loaded once; cells run in runs of equal
+step counts, a loop with a body unrolled per count (`plan_steps`, `Steps`).
 
 Activations are quantized per row of M and weights per output row exactly as `Int8SparseLinear`
 does, so `reference` is its reference. `prefers_permute` says from the pattern alone whether
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -67,15 +70,29 @@ def block_steps(kept: np.ndarray) -> np.ndarray:
     return -(-pad.reshape(-1, ROWS, windows, WINDOW).sum(axis=3).max(axis=1) // QUAD)
 
 
-def plan_steps(wq: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The steps of a pattern: (k bytes, weight bytes) as (steps, 64) uint8 / int8, each step's window (int32)
-    and each block's first step (int64, blocks + 1). Step order: block, window, quad; lane i of a step holds
-    row 16 b + i's kept weights r = 4 s .. 4 s + 3 of that window (k order), padding weight 0 at k 0.
+class Steps(NamedTuple):
+    """A pattern's steps (`plan_steps`) and the runs the kernel walks them by."""
+
+    k_bytes: np.ndarray  # (steps, 64) uint8: lane i's 4 k inside its cell's window
+    w_bytes: np.ndarray  # (steps, 64) int8: lane i's 4 weights (0 where padding)
+    windows: np.ndarray  # (cells,) int32: each non-empty (block, window) cell's window, in step order
+    runs: np.ndarray  # (runs, 4) int64: steps per cell, cells, first step, first cell (in `windows`)
+    block_runs: np.ndarray  # (blocks + 1,) int64: each block's first run
+
+
+def plan_steps(wq: np.ndarray, kept: np.ndarray) -> Steps:
+    """The steps of a pattern, lane i of a step holding row 16 b + i's kept weights r = 4 s .. 4 s + 3 of one
+    window (k order), padding weight 0 at k 0. A (block, window) cell needs as many steps as its fullest row
+    needs quads. Within a block, cells run by step count, most first (then by window; empty cells not at all):
+    a run of cells with equal counts is one loop with a fixed body, so the loop exits are the only branches
+    the CPU cannot predict (one per run, not one per cell).
 
     Example:
-        >>> k, w, win, ptr = plan_steps(np.ones((2, 3), np.int8), np.ones((2, 3), bool))
-        >>> ptr.tolist(), win.tolist(), k[0, :8].tolist(), w[0, :8].tolist()
-        ([0, 1], [0], [0, 1, 2, 0, 0, 1, 2, 0], [1, 1, 1, 0, 1, 1, 1, 0])
+        >>> st = plan_steps(np.ones((2, 70), np.int8), np.ones((2, 70), bool))
+        >>> st.windows.tolist(), st.runs.tolist(), st.block_runs.tolist()
+        ([0, 1], [[16, 1, 0, 0], [2, 1, 16, 1]], [0, 2])
+        >>> st.k_bytes[0, :8].tolist(), st.w_bytes[0, :8].tolist()
+        ([0, 1, 2, 3, 0, 1, 2, 3], [1, 1, 1, 1, 1, 1, 1, 1])
     """
     n, k = kept.shape
     blocks, windows = -(-n // ROWS), max(1, -(-k // WINDOW))
@@ -88,16 +105,27 @@ def plan_steps(wq: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray
     opens[1:] = cell[1:] != cell[:-1]
     rank = index - np.maximum.accumulate(np.where(opens, index, 0))  # place among its row's kept k in the window
     steps = block_steps(kept)
-    first = np.concatenate([[0], np.cumsum(steps.reshape(-1))])  # first step of each (block, window)
+    cell_b, cell_w = np.nonzero(steps)
+    count = steps[cell_b, cell_w]
+    order = np.lexsort((cell_w, -count, cell_b))  # by block, then most steps first, then window
+    cell_b, cell_w, count = cell_b[order], cell_w[order], count[order]
+    first = np.concatenate([[0], np.cumsum(count)])  # each cell's first step, in run order
+    first_of = np.zeros(blocks * windows, dtype=np.int64)
+    first_of[cell_b * windows + cell_w] = first[:-1]
     total = int(first[-1])
     k_bytes = np.zeros((total, ROWS * QUAD), dtype=np.uint8)
     w_bytes = np.zeros((total, ROWS * QUAD), dtype=np.int8)
-    step = first[(rows // ROWS) * windows + window] + rank // QUAD
+    step = first_of[(rows // ROWS) * windows + window] + rank // QUAD
     lane = (rows % ROWS) * QUAD + rank % QUAD
     k_bytes[step, lane] = cols % WINDOW
     w_bytes[step, lane] = wq[rows, cols]
-    win = np.repeat(np.tile(np.arange(windows, dtype=np.int32), blocks), steps.reshape(-1))
-    return k_bytes, w_bytes, win, first[::windows].astype(np.int64)
+    new_run = np.ones(count.size, dtype=bool)
+    new_run[1:] = (cell_b[1:] != cell_b[:-1]) | (count[1:] != count[:-1])
+    starts = np.flatnonzero(new_run)
+    runs = np.stack([count[starts], np.diff(np.append(starts, count.size)), first[starts], starts], axis=1)
+    block_runs = np.searchsorted(cell_b[starts], np.arange(blocks + 1))
+    return Steps(k_bytes, w_bytes, cell_w.astype(np.int32), runs.astype(np.int64).reshape(-1, 4),
+                 block_runs.astype(np.int64))
 
 
 def prefers_permute(kept: np.ndarray) -> bool:
@@ -131,7 +159,8 @@ def live_quads(kept: np.ndarray) -> int:
 
 
 class PermuteLayer(ctypes.Structure):  # `struct permute_layer` of templates/permute_int8.c
-    _fields_ = [(name, ctypes.c_void_p) for name in ("idx", "w", "win", "s_ptr", "corr", "ws", "bias")]
+    _fields_ = [(name, ctypes.c_void_p) for name in ("idx", "w", "windows", "runs", "block_runs", "corr", "ws",
+                                                     "bias")]
 
 
 def int8_kernel_for(kept: np.ndarray) -> type[Int8SparseLinear]:
@@ -145,9 +174,50 @@ def int8_kernel_for(kept: np.ndarray) -> type[Int8SparseLinear]:
     return PermutedInt8Linear if has_permute() and prefers_permute(kept) else Int8SparseLinear
 
 
+def _steps(n: int, at: int) -> str:
+    """C of `n` consecutive steps (from s + `at`) of one cell: their vectors loaded once, then per row of M one
+    load of x and `n` permute-and-dot pairs into that row's accumulator."""
+    # xr: xw made opaque per chunk, or gcc hoists all 16 rows of x out of a run's loop and spills accumulators;
+    # KEEP(x): x in a register, or gcc folds its load into each vpermb and loads it n times
+    load = (" ".join(f"const VD I{j} = idx[s + {at + j}], V{j} = w[s + {at + j}];" for j in range(n))
+            + ' const uint8_t *xr = xw; __asm__("" : "+r"(xr));')
+    rows = [f"{{ VD x = vload64(xr + {t} * K_PAD); KEEP(x); "
+            + " ".join(f"a{t} = vdot(a{t}, vperm(I{j}, x), V{j});" for j in range(n)) + " }" for t in range(ROWS)]
+    return "{ " + "\n".join([load, *rows]) + " }"
+
+
+CHUNK = 3  # steps whose vectors one chunk holds in registers
+FIXED = 8  # cells of up to this many steps run a body unrolled for their count; more: chunks in a loop
+
+
+def _chunks(count: int) -> list[int]:
+    """`count` steps as chunks of at most CHUNK, as even as they come.
+
+    Example:
+        >>> _chunks(5), _chunks(8)
+        ([3, 2], [3, 3, 2])
+    """
+    parts = -(-count // CHUNK)
+    return [count // parts + (i < count % parts) for i in range(parts)]
+
+
+def _run_cases() -> str:
+    """C of the switch over a run's steps per cell: a loop over its cells with a body for that count."""
+    cases = []
+    for count in range(1, FIXED + 1):
+        sizes = _chunks(count)
+        body = "\n".join(_steps(size, sum(sizes[:i])) for i, size in enumerate(sizes))
+        cases.append(f"""            case {count}:
+                for (long j = 0; j < cells; ++j, s += {count}) {{
+                    const uint8_t *xw = xq + (long)cw[j] * 64;
+{body}
+                }}
+                break;""")
+    return "\n".join(cases)
+
+
 def _source(activation: str, act_bits: int, emulate: bool) -> str:
     acc = "        VD " + ", ".join(f"a{t} = {{0}}" for t in range(ROWS)) + ";"
-    dots = "\n".join(f"            a{t} = vdot(a{t}, vperm(I, vload64(xw + {t} * K_PAD)), V);" for t in range(ROWS))
     store = []
     for t in range(ROWS):
         store.append(f"""        if ({t} < mt) {{
@@ -158,8 +228,9 @@ def _source(activation: str, act_bits: int, emulate: bool) -> str:
     prelude = "#define QMAX " + f"{qmax(act_bits)}.0f\n" + _PRELUDE
     dot = c_text("permute_dot_emulated.c" if emulate else "permute_dot_native.c")
     act = "" if activation == "none" else _ACTIVATIONS[activation]
-    return c_fill("permute_int8.c", prelude=prelude, dot=dot, acc=acc, dots=dots, stores="\n".join(store), act=act,
-                  has_act=int(bool(act)))
+    return c_fill("permute_int8.c", prelude=prelude, dot=dot, acc=acc, stores="\n".join(store), act=act,
+                  has_act=int(bool(act)), cases=_run_cases(), chunk=CHUNK, steps_chunk=_steps(CHUNK, 0),
+                  steps1=_steps(1, 0))
 
 
 class PermutedInt8Linear(Int8SparseLinear):
@@ -189,12 +260,13 @@ class PermutedInt8Linear(Int8SparseLinear):
         wq, scale = quantize_rows(weight, kept, self.weight_bits)
         self.register_buffer("weight_q", torch.from_numpy(wq))
         self.register_buffer("weight_scale", torch.from_numpy(scale))
-        k_bytes, w_bytes, win, first = plan_steps(wq, kept)
+        steps = plan_steps(wq, kept)
         # torch's allocator aligns to 64 bytes: one step is one aligned vector
-        self._steps_k = torch.from_numpy(k_bytes).clone()
-        self._packed = torch.from_numpy(w_bytes).clone()
-        self._win = torch.from_numpy(win).clone()
-        self._first = torch.from_numpy(first).clone()
+        self._steps_k = torch.from_numpy(steps.k_bytes).clone()
+        self._packed = torch.from_numpy(steps.w_bytes).clone()
+        self._windows = torch.from_numpy(steps.windows).clone()
+        self._runs = torch.from_numpy(steps.runs).clone()
+        self._block_runs = torch.from_numpy(steps.block_runs).clone()
         self._corr = torch.from_numpy(offset_correction(wq))
         name = "permute_int8"
         self.built = build(_source(self.activation, self.act_bits, self.emulate_dot), name, cache_dir=cache_dir)
@@ -231,8 +303,9 @@ class PermutedInt8Linear(Int8SparseLinear):
             True
         """
         bias = None if self.bias is None else self.bias.data_ptr()
-        return PermuteLayer(self._steps_k.data_ptr(), self._packed.data_ptr(), self._win.data_ptr(),
-                            self._first.data_ptr(), self._corr.data_ptr(), self.weight_scale.data_ptr(), bias)
+        return PermuteLayer(self._steps_k.data_ptr(), self._packed.data_ptr(), self._windows.data_ptr(),
+                            self._runs.data_ptr(), self._block_runs.data_ptr(), self._corr.data_ptr(),
+                            self.weight_scale.data_ptr(), bias)
 
     def _run(self, x2: torch.Tensor, y: torch.Tensor, rows: int | None = None,
              x_scales: torch.Tensor | None = None) -> None:

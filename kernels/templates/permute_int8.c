@@ -2,7 +2,10 @@
    Rows n in blocks of 16 (one int32 lane each), k in windows of 64 (one vector of u8 x for one row of M).
    A block's steps each hold a weight vector (lane i: 4 of row i's kept weights in one window) and a byte
    permutation (lane i: their 4 k inside the window): per row m of a tile of 16, vperm gathers those x and
-   vdot adds the 4 products into lane i. Y is written row-major, dequantized, as the accumulators finish. */
+   vdot adds the 4 products into lane i. Y is written row-major, dequantized, as the accumulators finish.
+   A cell's (block, window) steps run up to ${chunk} at a time with their vectors held in registers, so each row's
+   64 bytes of x are loaded once per chunk, not once per step. Cells run in runs of equal step counts, each a
+   loop with a body unrolled for its count (kernels/permute_int8.py, plan_steps). */
 #define VEC 16
 #include <stdint.h>
 #include <stdlib.h>
@@ -108,12 +111,13 @@ static void act_rows(float *Y, long m0, long mt, long N, long n0, long n1) {
     }
 }
 
-/* One layer's tables (kernels/permute_int8.py): steps (k bytes, weight bytes, window), each block's first
-   step, the offset correction, weight scales and bias. */
+/* One layer's tables (kernels/permute_int8.py, Steps): steps (k bytes, weight bytes), each cell's window, the
+   runs (steps per cell, cells, first step, first cell), each block's first run, the offset correction, weight
+   scales and bias. */
 struct permute_layer {
     const VD *idx, *w;
-    const int32_t *win;
-    const int64_t *s_ptr;
+    const int32_t *windows;
+    const int64_t *runs, *block_runs;
     const int32_t *corr;
     const float *ws, *bias;
 };
@@ -127,15 +131,25 @@ void permute_int8_tile(const uint8_t *xq, const float *sx, float *Y, long m0, lo
     /* blocks b0..b1 of one quantized tile of M (MT rows of K_PAD bytes) into rows m0.. of Y (N wide) */
     const long K_PAD = (K + 63) / 64 * 64;
     const VD *idx = L->idx, *w = L->w;
-    const int32_t *win = L->win, *corr = L->corr;
-    const int64_t *s_ptr = L->s_ptr;
+    const int32_t *corr = L->corr;
     const float *ws = L->ws, *bias = L->bias;
     for (long b = b0; b < b1; ++b) {
 ${acc}
-        for (long s = s_ptr[b]; s < s_ptr[b + 1]; ++s) {
-            const VD I = idx[s], V = w[s];
-            const uint8_t *xw = xq + (long)win[s] * 64;
-${dots}
+        for (long r = L->block_runs[b]; r < L->block_runs[b + 1]; ++r) {
+            const int64_t *run = L->runs + 4 * r;
+            const long count = run[0], cells = run[1];
+            long s = run[2];
+            const int32_t *cw = L->windows + run[3];
+            switch (count) {
+${cases}
+            default:  /* denser cells: chunks in a loop */
+                for (long j = 0; j < cells; ++j) {
+                    const uint8_t *xw = xq + (long)cw[j] * 64;
+                    const long end = s + count;
+                    for (; s + ${chunk} <= end; s += ${chunk}) ${steps_chunk}
+                    for (; s < end; ++s) ${steps1}
+                }
+            }
         }
         const long n0 = b * 16, nn = N - n0 < 16 ? N - n0 : 16;
         VD cv = {0};

@@ -9,6 +9,7 @@ import torch
 from sparta_explore.kernels import Int8SparseLinear, set_target_isa, target_isa
 from sparta_explore.kernels.build import cpu_flags
 from sparta_explore.kernels.permute_int8 import (
+    FIXED,
     NEEDS,
     PermutedInt8Linear,
     has_permute,
@@ -25,23 +26,33 @@ MODES = [pytest.param(True, id="emulated"), pytest.param(False, id="native", mar
 
 
 def _loop_steps(wq, kept):
-    """plan_steps as plain loops: per block of 16 rows and window of 64 k, the fullest row's quads."""
+    """plan_steps as plain loops: per block of 16 rows, its non-empty windows by step count (most first, then by
+    window), each needing as many steps as its fullest row needs quads; runs of equal counts."""
     n, k = kept.shape
     blocks, windows = -(-n // 16), max(1, -(-k // 64))
-    ks, ws, win, first = [], [], [], [0]
+    ks, ws, cell_windows, runs, block_runs = [], [], [], [], [0]
     for b in range(blocks):
+        cells = []
         for w in range(windows):
             lists = [[c for c in range(w * 64, min(k, w * 64 + 64)) if r < n and kept[r, c]]
                      for r in range(b * 16, b * 16 + 16)]
-            for s in range(-(-max(len(cols) for cols in lists) // 4)):
+            count = -(-max(len(cols) for cols in lists) // 4)
+            if count:
+                cells.append((-count, w, lists))
+        for negative, w, lists in sorted(cells, key=lambda c: c[:2]):
+            if not runs or block_runs[-1] == len(runs) or runs[-1][0] != -negative:
+                runs.append([-negative, 0, len(ks), len(cell_windows)])
+            runs[-1][1] += 1
+            cell_windows.append(w)
+            for s in range(-negative):
                 kb, wb = np.zeros(64, np.uint8), np.zeros(64, np.int8)
                 for i, cols in enumerate(lists):
                     for j, c in enumerate(cols[4 * s:4 * s + 4]):
                         kb[4 * i + j], wb[4 * i + j] = c % 64, wq[b * 16 + i, c]
-                ks.append(kb), ws.append(wb), win.append(w)
-        first.append(len(ks))
-    return (np.array(ks, np.uint8).reshape(-1, 64), np.array(ws, np.int8).reshape(-1, 64), np.array(win, np.int32),
-            np.array(first, np.int64))
+                ks.append(kb), ws.append(wb)
+        block_runs.append(len(runs))
+    return (np.array(ks, np.uint8).reshape(-1, 64), np.array(ws, np.int8).reshape(-1, 64),
+            np.array(cell_windows, np.int32), np.array(runs, np.int64).reshape(-1, 4), np.array(block_runs, np.int64))
 
 
 @pytest.mark.parametrize("shape,density", [((40, 130), 0.15), ((16, 64), 1.0), ((5, 3), 0.5), ((33, 200), 0.0)])
@@ -64,6 +75,29 @@ def test_permute_kernel_matches_the_quantized_reference(tmp_path, emulate, shape
     assert layer.fallback_reason is None and layer.variant == "permute"
     assert layer.dot_path == "avx512_vbmi permute" + (" (emulated)" if emulate else "")
     for m in (1, 17, 130):  # within a tile of 16, ragged, and enough tiles that blocks are not split
+        check(layer, m, k, seed=m)
+
+
+@pytest.mark.parametrize("emulate", MODES)
+def test_every_run_body_and_the_chunk_loop(tmp_path, emulate):
+    # block b's fullest row needs b + 1 steps in windows 0 and 2 (a run of two cells), fewer in window 1, and
+    # up to 2 in the ragged last window (8 k): every unrolled count 1..FIXED, the chunk loop past it (with a
+    # chunk remainder), runs of one and two cells; the last block keeps nothing, one row keeps zero weights
+    blocks, k = FIXED + 4, 200
+    kept = torch.zeros(16 * blocks + 5, k, dtype=torch.bool)  # and 5 rows in a ragged block
+    for b in range(blocks - 1):
+        row = 16 * b + b % 16
+        for window, count in ((0, b + 1), (2, b + 1), (1, max(1, b - 1))):
+            kept[row, window * 64:window * 64 + min(64, 4 * count - b % 4)] = True
+        kept[16 * b + 3, 192:192 + min(8, 1 + b)] = True
+    kept[-3, ::7] = True
+    counts = {int(c) for c in plan_steps(np.ones_like(kept.numpy(), np.int8), kept.numpy()).runs[:, 0]}
+    assert set(range(1, FIXED + 1)) <= counts and max(counts) > FIXED
+    weight = torch.randn(kept.shape)
+    weight[16] = 0  # a row of zero weights where the pattern keeps some
+    layer = PermutedInt8Linear(weight, torch.randn(kept.shape[0]), kept, emulate_dot=emulate, cache_dir=tmp_path)
+    assert layer.fallback_reason is None
+    for m in (1, 17, 130):
         check(layer, m, k, seed=m)
 
 

@@ -27,7 +27,7 @@ from typing import Any
 from sparta_explore.errors import PackageError
 
 FORMAT = "sparta-explore package"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the permute int8 tables (runs of cells) and its fused driver's call changed
 MANIFEST = "manifest.json"
 _STORED = (".safetensors", ".npz", ".so")  # already binary or compressed: deflate only costs time
 
