@@ -230,7 +230,7 @@ def _source(activation: str, act_bits: int, emulate: bool) -> str:
     act = "" if activation == "none" else _ACTIVATIONS[activation]
     return c_fill("permute_int8.c", prelude=prelude, dot=dot, acc=acc, stores="\n".join(store), act=act,
                   has_act=int(bool(act)), cases=_run_cases(), chunk=CHUNK, steps_chunk=_steps(CHUNK, 0),
-                  steps1=_steps(1, 0))
+                  steps_one=_steps(1, 0))
 
 
 class PermutedInt8Linear(Int8SparseLinear):

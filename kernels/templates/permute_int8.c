@@ -147,7 +147,7 @@ ${cases}
                     const uint8_t *xw = xq + (long)cw[j] * 64;
                     const long end = s + count;
                     for (; s + ${chunk} <= end; s += ${chunk}) ${steps_chunk}
-                    for (; s < end; ++s) ${steps1}
+                    for (; s < end; ++s) ${steps_one}
                 }
             }
         }
