@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 R_MAX = 4  # output rows per register tile (default)
-SHORT_SEGMENTS = 2.0  # a group whose segments average fewer words than this gets one-word segments
+SHORT_SEGMENTS = 8.0  # a group whose segments average fewer words than this gets one-word segments (see unit_segments)
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,12 @@ def unit_segments(groups: Groups, unit: int, short: float = SHORT_SEGMENTS) -> G
     patterns (segments of 1, 2 or 3 words in random order) its mispredicted exits cost more
     than the products (90% unstructured int8 at 3072 x 768, M = 4096, Zen 5: 31.5 -> 20.1 ms
     int16, 36.0 -> 18.0 ms VNNI; 75%: 93 -> 40 and 54 -> 30 ms). Long segments (block
-    patterns) keep their tight inner loop.
+    patterns) keep their tight inner loop. The cut at 8 words, not 2: at 50-80% sparsity the
+    groups' runs average 2-8 words of varying length and mispredict as much (3072 x 768, M =
+    4096, 2 threads, VNNI quads: 80% unstructured 49.5 -> 13.4 ms, 70% 41.9 -> 16.6, 1x4 blocks
+    at 50% 20.0 -> 11.8, 1x8 at 50% 26.6 -> 11.6, 1x16 at 50% 16.9 -> 12.2; fp32, 50%
+    unstructured 94 -> 78 ms, 1x4 at 90% in 4x3x3 K panels 14.0 -> 10.7; AVX2 int16 at 70% and
+    50% 73 -> 30 and 88 -> 43 ms); it costs 1x8 and 1x16 int8 blocks at 90% 5-10% (4.4 -> 4.8 ms).
 
     Example:
         >>> g = plan_groups(np.array([[1, 1, 0, 1, 0, 0, 1, 0]], dtype=bool), 1)

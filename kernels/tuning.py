@@ -34,9 +34,9 @@ CANDIDATES = (TileConfig(4, 3, 6), TileConfig(4, 2, 4), TileConfig(2, 3, 6), Til
 # measured on BERT FFN shapes: 6x2 wins at M=4096 and for 768->3072, 2x4 for 3072->768 at M=128
 SEGMENT_CANDIDATES = (TileConfig(6, 2, 6, layout="segments"), TileConfig(2, 4, 8, layout="segments"))
 MIN_SHARING = 2.0  # rows per (panel, pattern) below which the segment layout only adds spills
-TUNING_VERSION = 15  # 10: long runs and sharing capped; 11: shapes to half an octave; 12: split flat-loop sums;
+TUNING_VERSION = 16  # 10: long runs and sharing capped; 11: shapes to half an octave; 12: split flat-loop sums;
 # 13: 16-float kernels pack X and unpack Y in 8 x 8 register blocks; 14: K panels fill L1, scattered sets per width;
-# 15: K-panel tilings on 16 floats apply their activation as a pass over rows
+# 15: K-panel tilings on 16 floats apply their activation as a pass over rows; 16: one-word segments below 8 words
 
 
 # Blocks of 8 rows or more (8x8 .. 32x32 at 90%, BERT shapes 704..3072 x 768..3072, with and without GELU): the

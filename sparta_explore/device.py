@@ -27,8 +27,9 @@ import torch
 from sparta_explore.cache import atomic_write, content_key, resolve_cache_dir
 from sparta_explore.timing import interleaved_ms
 
-PROFILE_VERSION = 8  # 4: int8 dense on VNNI; 5: scattered rows step one word at a time; 6: flat loops, int8 K panels;
-# 7: tall blocks measured with their own default tiling (`tuning.default_tile`); 8: K panels as large as L1
+PROFILE_VERSION = 9  # 4: int8 dense on VNNI; 5: scattered rows step one word at a time; 6: flat loops, int8 K panels;
+# 7: tall blocks measured with their own default tiling (`tuning.default_tile`); 8: K panels as large as L1;
+# 9: one-word segments below 8 words (groups.SHORT_SEGMENTS), the permute kernel's runs of cells
 BLOCKS: tuple[tuple[int, int], ...] = ((1, 1), (1, 32), (16, 16), (32, 32), (32, 64), (64, 32), (64, 64))
 FP32, INT8 = 32, 8
 
