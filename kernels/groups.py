@@ -20,6 +20,7 @@ import numpy as np
 
 R_MAX = 4  # output rows per register tile (default)
 SHORT_SEGMENTS = 8.0  # a group whose segments average fewer words than this gets one-word segments (see unit_segments)
+ALWAYS_SHORT = 2.0  # ... and below this many, whatever `uniform` says
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ def plan_groups(kept: np.ndarray, block_rows: int, max_rows: int = R_MAX) -> Gro
     return Groups(starts, rows, seg_ptr, k0, length, w_off)
 
 
-def unit_segments(groups: Groups, unit: int, short: float = SHORT_SEGMENTS) -> Groups:
+def unit_segments(groups: Groups, unit: int, short: float = SHORT_SEGMENTS, uniform: float | None = None) -> Groups:
     """Each group whose segments average fewer than `short` words of `unit` k gets one segment per word.
 
     Same k, same packed weights, same offsets: only the loop shape changes. The inner loop
@@ -164,7 +165,9 @@ def unit_segments(groups: Groups, unit: int, short: float = SHORT_SEGMENTS) -> G
     4096, 2 threads, VNNI quads: 80% unstructured 49.5 -> 13.4 ms, 70% 41.9 -> 16.6, 1x4 blocks
     at 50% 20.0 -> 11.8, 1x8 at 50% 26.6 -> 11.6, 1x16 at 50% 16.9 -> 12.2; fp32, 50%
     unstructured 94 -> 78 ms, 1x4 at 90% in 4x3x3 K panels 14.0 -> 10.7; AVX2 int16 at 70% and
-    50% 73 -> 30 and 88 -> 43 ms); it costs 1x8 and 1x16 int8 blocks at 90% 5-10% (4.4 -> 4.8 ms).
+    50% 73 -> 30 and 88 -> 43 ms). `uniform` (int8: `UNIFORM_RUNS`): a group averaging 2 words or more
+    whose segments share one length at least that often keeps its loop (1x8 and 1x16 int8 blocks at 90%
+    were 5-10% slower one word at a time).
 
     Example:
         >>> g = plan_groups(np.array([[1, 1, 0, 1, 0, 0, 1, 0]], dtype=bool), 1)
@@ -175,6 +178,9 @@ def unit_segments(groups: Groups, unit: int, short: float = SHORT_SEGMENTS) -> G
     owner = groups.owners()
     totals = np.bincount(owner, weights=groups.seg_len, minlength=len(counts))
     split = (counts > 0) & (totals < short * unit * np.maximum(counts, 1))  # mean < short * unit, in integers
+    if uniform is not None and len(owner):  # runs of one length loop predictably, unless 1-2 words (always split)
+        shortest = totals < ALWAYS_SHORT * unit * np.maximum(counts, 1)
+        split &= shortest | (_modal_share(owner, -(-groups.seg_len // unit), len(counts)) < uniform)
     seg_split = split[owner]
     pieces = np.where(seg_split, -(-groups.seg_len // unit), 1)
     first = _exclusive_cumsum(pieces)
@@ -184,6 +190,20 @@ def unit_segments(groups: Groups, unit: int, short: float = SHORT_SEGMENTS) -> G
     length = np.where(seg_split[seg_of], unit, groups.seg_len[seg_of])
     seg_ptr = first[groups.seg_ptr]
     return Groups(groups.row0, groups.rows, _i64(seg_ptr), _i64(k0), _i64(length), groups.w_off)
+
+
+def _modal_share(owner: np.ndarray, words: np.ndarray, n_groups: int) -> np.ndarray:
+    """Per group, the share of its segments that have its most common length (0 for a group without any).
+
+    Example:
+        >>> _modal_share(np.array([0, 0, 0, 1]), np.array([2, 2, 5, 1]), 3).round(2).tolist()
+        [0.67, 1.0, 0.0]
+    """
+    key = owner * (int(words.max()) + 1) + words
+    pairs, count = np.unique(key, return_counts=True)
+    best = np.zeros(n_groups, dtype=np.int64)
+    np.maximum.at(best, pairs // (int(words.max()) + 1), count)
+    return best / np.maximum(np.bincount(owner, minlength=n_groups), 1)
 
 
 def align_segments(groups: Groups, multiple: int) -> Groups:

@@ -126,6 +126,9 @@ def _work(groups: Groups) -> int:
 # M = 4096, 90% unstructured: 65 quads per row ran in 18.0 ms, 73 pairs in 20.1 ms although the
 # quads hold 1.8x the padded products).
 STEP_COST = 4.0
+# int8 groups whose segments mostly share one length keep their inner loop even when short (1x8 blocks at 90%:
+# runs of 2 quads, 90% of them; one-word loops there cost 5-10%, without split sums to win it back like fp32's)
+UNIFORM_RUNS = 0.8
 # Activations the 16-lane VNNI kernels apply in a separate pass of 16-float vectors instead of in
 # each 8-float store: exact GELU in the stores cost 8.2 ms at 768->3072, M = 4096 (the fp32
 # kernel's 16-float GELU: 2.5-3.5 ms); ReLU is one compare either way.
@@ -186,14 +189,15 @@ def prepare_groups(kept: np.ndarray, block_rows: int, weight_bits: int, act_bits
         'u8'
     """
     short = math.inf if one_word else SHORT_SEGMENTS
-    pairs = unit_segments(align_segments(plan_groups(kept, block_rows, R_MAX), 2), 2, short)
+    uniform = None if one_word else UNIFORM_RUNS
+    pairs = unit_segments(align_segments(plan_groups(kept, block_rows, R_MAX), 2), 2, short, uniform)
     if dot is not None:
         rows, cost, variant = dot.rows, dot.cost, "vnni"
     elif accumulate_steps(weight_bits, act_bits) >= 2:
         rows, cost, variant = ROWS, U8_COST, "u8"
     else:
         return pairs, "int16"
-    quads = unit_segments(align_segments(plan_groups(kept, block_rows, rows), 4), 4, short)
+    quads = unit_segments(align_segments(plan_groups(kept, block_rows, rows), 4), 4, short, uniform)
     if _score(quads, 4, cost) < _score(pairs, 2, 1.0):
         return quads, variant
     return pairs, "int16"

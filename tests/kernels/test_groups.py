@@ -53,11 +53,14 @@ def loop_plan_groups(kept, block_rows, max_rows):
     return Groups(*(np.asarray(v, dtype=np.int64) for v in (row0, rows, seg_ptr, seg_k0, seg_len, w_off)))
 
 
-def loop_unit_segments(groups, unit, short):
+def loop_unit_segments(groups, unit, short, uniform=None):
     k0s, lens, seg_ptr = [], [], [0]
     for g in range(len(groups.row0)):
         a, b = int(groups.seg_ptr[g]), int(groups.seg_ptr[g + 1])
         split = b > a and groups.seg_len[a:b].mean() < short * unit
+        if split and uniform is not None and groups.seg_len[a:b].mean() >= 2 * unit:
+            words = [-(-int(n) // unit) for n in groups.seg_len[a:b]]
+            split = max(words.count(w) for w in words) / len(words) < uniform  # one length mostly: keeps its loop
         for s in range(a, b):
             k0, length = int(groups.seg_k0[s]), int(groups.seg_len[s])
             for k, n in ([(k, unit) for k in range(k0, k0 + length, unit)] if split else [(k0, length)]):
@@ -163,9 +166,10 @@ def test_groups_and_packing_equal_the_loops(kind, shape, block_rows, max_rows):
     weight = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     groups = plan_groups(kept, block_rows, max_rows)
     same(groups, loop_plan_groups(kept, block_rows, max_rows))
-    for unit, short in ((1, 2.0), (1, math.inf), (2, 2.0), (4, 2.0)):
+    for unit, short, uniform in ((1, 2.0, None), (1, math.inf, None), (2, 2.0, None), (4, 2.0, None),
+                                 (1, 8.0, None), (2, 8.0, 0.8), (4, 8.0, 0.8), (4, 8.0, 0.5)):
         base = groups if unit == 1 else align_segments(groups, unit)
-        same(unit_segments(base, unit, short), loop_unit_segments(base, unit, short))
+        same(unit_segments(base, unit, short, uniform), loop_unit_segments(base, unit, short, uniform))
     for multiple in (2, 4):
         same(align_segments(groups, multiple), loop_align_segments(groups, multiple))
     want = [b.T.reshape(-1) for b in loop_blocks(np.where(kept, weight, 0.0).astype(np.float32), groups)]
@@ -272,3 +276,23 @@ def test_shared_rows_is_the_block_height_the_rows_really_have(block, n):
     assert got >= min(block[0], 32) or n < block[0]  # blocks of h rows: at least h (a ragged last one counts)
     assert shared_rows(kept, block_rows=64) == 64  # never below what the caller says
     assert shared_rows(np.zeros((0, 4), dtype=bool)) == 1
+
+
+def test_runs_of_one_length_keep_their_loop_unless_one_word():
+    # 1x8 blocks in quads: every run 2 words, uniform: kept whole with `uniform`, split without; runs averaging
+    # under 2 words are split however uniform; runs of mixed length are split
+    blocks = np.zeros((4, 64), dtype=bool)
+    blocks[:, 0:8] = blocks[:, 24:32] = blocks[:, 48:56] = True
+    quads = align_segments(plan_groups(blocks, 1, 1), 4)
+    assert unit_segments(quads, 4, 8.0).seg_len.tolist() == [4] * 24
+    assert unit_segments(quads, 4, 8.0, uniform=0.8).seg_len.tolist() == [8] * 12
+    short = np.zeros((1, 64), dtype=bool)
+    short[0, [0, 8, 16, 24, 32, 33, 36, 37]] = True  # runs of 1, 1, 1, 1 and 2 quads: 80% one length, mean 1.2
+    ones = align_segments(plan_groups(short, 1, 1), 4)
+    assert ones.seg_len.tolist() == [4, 4, 4, 4, 8]
+    assert unit_segments(ones, 4, 8.0, uniform=0.8).seg_len.tolist() == [4] * 6
+    mixed = np.zeros((1, 64), dtype=bool)
+    mixed[0, [0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43]] = True
+    runs = align_segments(plan_groups(mixed, 1, 1), 4)
+    assert runs.seg_len.tolist() == [8, 4, 12]
+    assert unit_segments(runs, 4, 8.0, uniform=0.8).seg_len.tolist() == [4] * 6
