@@ -43,7 +43,7 @@ from sparta_explore.kernels.sparse_linear import Int8SparseLinear
 
 NEEDS = frozenset({"avx512vbmi", "avx512_vnni"})  # /proc/cpuinfo flags of vpermb and vpdpbusd on 512 bits
 ROWS, WINDOW, QUAD = 16, 64, 4  # rows per block (int32 lanes), k per window (bytes of one vector), k per lane
-PERMUTE_EDGE = 1.6  # measured: a permute op costs 1/1.6 of a quad dot on BERT shapes (Zen 5; see prefers_permute)
+PERMUTE_EDGE = 2.8  # measured: where the permute and quad kernels cross on BERT shapes (Zen 5; see prefers_permute)
 
 
 def has_permute(flags: frozenset[str] | None = None) -> bool:
@@ -132,8 +132,13 @@ def prefers_permute(kept: np.ndarray) -> bool:
     """Whether the permute kernel beats the quad kernels on this pattern: its ops per 16 rows of M (a vpermb and
     a vpdpbusd per step and row of M) against the quad kernels' dots (one per non-empty quad), weighted by
     `PERMUTE_EDGE`. Measured on 90% unstructured BERT FFN shapes at M = 4096 (Zen 5, 2 threads): 768->3072
-    4.8 vs 9.7 ms, 3072->768 6.0 vs 10.0 ms; 1x32 and 32x32 blocks fill their quads, and the quad kernels stay
-    (768->3072 1x32: quads 4.7 ms, permute 12.9 ms).
+    4.8 vs 9.7 ms, 3072->768 6.0 vs 10.0 ms; 1x32 blocks fill their quads, and the quad kernels stay (768->3072
+    1x32: quads 4.7 ms, permute 12.9 ms). The edge, since the permute kernel runs cells of steps (3072x768,
+    M = 4096, 90% kept as blocks, permute against quads): 1x2 blocks 4.3 vs 9.1 ms (the pattern's ratio says
+    permute from an edge of 2.28), 2x2 4.0 vs 8.2 (2.06), 1x2 at 70% 8.3 vs 11.5 (1.82), 32x32 and 16x16 2.5 vs
+    3.2-3.3 (2.00; 768x3072 3.0 vs 3.2-3.6); 1x4 4.9 vs 4.8 (quads below 4.97), 1x4 at 70% 8.5 vs 8.0 (3.39),
+    4x4 3.8 vs 3.7 (3.61), 1x8 5.8 vs 4.4 (6.32): 2.8 lies between (1.6 before, which kept 1x2, 2x2 and square
+    blocks on the quad kernels).
 
     Example:
         >>> prefers_permute(np.random.default_rng(0).random((64, 256)) < 0.1)
