@@ -143,7 +143,7 @@ def prefers_permute(kept: np.ndarray) -> bool:
     Example:
         >>> prefers_permute(np.random.default_rng(0).random((64, 256)) < 0.1)
         True
-        >>> prefers_permute(np.ones((64, 256), bool))
+        >>> prefers_permute(np.repeat(np.random.default_rng(0).random((64, 8)) < 0.1, 32, axis=1))  # 1x32 blocks
         False
     """
     return 2 * ROWS * int(block_steps(kept).sum()) < PERMUTE_EDGE * live_quads(kept)
@@ -173,7 +173,7 @@ def int8_kernel_for(kept: np.ndarray) -> type[Int8SparseLinear]:
     `prefers_permute`, else the quad kernels (both compute `Int8SparseLinear.reference`).
 
     Example:
-        >>> int8_kernel_for(np.ones((16, 64), bool)).__name__
+        >>> int8_kernel_for(np.repeat(np.eye(16, 2, dtype=bool), 32, axis=1)).__name__  # 1x32 blocks: quads
         'Int8SparseLinear'
     """
     return PermutedInt8Linear if has_permute() and prefers_permute(kept) else Int8SparseLinear
