@@ -34,9 +34,21 @@ def pattern_mask(n: int, k: int, pattern: str, sparsity: float, g: torch.Generat
     return grid.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)[:n, :k], block[0]
 
 
+WARM_SECONDS = 0.25  # each callable runs this long before it is timed: a short call's first few run cold
+
+
+def warm(fn, seconds: float = WARM_SECONDS, calls: int = 3) -> None:
+    """Call `fn` at least `calls` times and for at least `seconds` (at M = 128 the first five calls of a fused FFN
+    took 1.05-1.5x the steady time, and a median of 9 after one warm-up call moved 0.29-0.38 ms between runs)."""
+    start, done = time.perf_counter(), 0
+    while done < calls or time.perf_counter() - start < seconds:
+        fn()
+        done += 1
+
+
 def medians(fns: list, repeats: int) -> list[float]:
     for fn in fns:
-        fn()
+        warm(fn)
     times = [[] for _ in fns]
     for _ in range(repeats):
         for i, fn in enumerate(fns):  # interleaved: machine noise hits every candidate alike

@@ -24,7 +24,8 @@ runs under `--peer-python` (the DeepSparse venv, .venv-peers: DeepSparse is neve
 dependency): ONNX export of the same module, `deepsparse.Engine(batch_size=B,
 num_cores=--threads)`; `ds_compile_s` is the export plus the Engine construction. int8 there
 is a static per-tensor uint8 activation scale calibrated on the very input, int8 weights per
-output row (MatMulInteger graph). Every time is a median of `--repeats` calls after a warm-up.
+output row (MatMulInteger graph). Every time is a median of `--repeats` calls after a warm-up of 0.25 s (at
+least 3 calls) on both sides: short calls run their first few cold.
 
 Printed: a header (CPU model, the flags that matter, threads, torch and deepsparse versions),
 then one row per case: BxS, ours_ms, ds_ms, ds/ours (> 1: ours is faster; the (B, 128, K)
