@@ -199,10 +199,10 @@ def _modal_share(owner: np.ndarray, words: np.ndarray, n_groups: int) -> np.ndar
         >>> _modal_share(np.array([0, 0, 0, 1]), np.array([2, 2, 5, 1]), 3).round(2).tolist()
         [0.67, 1.0, 0.0]
     """
-    key = owner * (int(words.max()) + 1) + words
-    pairs, count = np.unique(key, return_counts=True)
+    span = int(words.max()) + 1  # one key per (group, length)
+    pairs, count = np.unique(owner * span + words, return_counts=True)
     best = np.zeros(n_groups, dtype=np.int64)
-    np.maximum.at(best, pairs // (int(words.max()) + 1), count)
+    np.maximum.at(best, pairs // span, count)
     return best / np.maximum(np.bincount(owner, minlength=n_groups), 1)
 
 
