@@ -37,13 +37,15 @@ def pattern_mask(n: int, k: int, pattern: str, sparsity: float, g: torch.Generat
 WARM_SECONDS = 0.25  # each callable runs this long before it is timed: a short call's first few run cold
 
 
-def warm(fn, seconds: float = WARM_SECONDS, calls: int = 3) -> None:
+def warm(fn, seconds: float = WARM_SECONDS, calls: int = 3) -> float:
     """Call `fn` at least `calls` times and for at least `seconds` (at M = 128 the first five calls of a fused FFN
-    took 1.05-1.5x the steady time, and a median of 9 after one warm-up call moved 0.29-0.38 ms between runs)."""
+    took 1.05-1.5x the steady time, and a median of 9 after one warm-up call moved 0.29-0.38 ms between runs).
+    Returns the mean seconds of a call."""
     start, done = time.perf_counter(), 0
     while done < calls or time.perf_counter() - start < seconds:
         fn()
         done += 1
+    return (time.perf_counter() - start) / done
 
 
 def medians(fns: list, repeats: int) -> list[float]:

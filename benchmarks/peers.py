@@ -19,18 +19,23 @@ the FFN block compiled from a pruning table (+ an 8-bit quantizer table for int8
 builds into a fresh, empty kernel cache dir (`cache_dir=`): `ours_build_s` is the cold build,
 tile search, C compile and check included (for the FFN block, `compile` with its measured
 kernel choice; the device profile comes from the default cache, as a one-off per machine).
-Then the masked weights, biases and inputs go to a temp dir and `peers_deepsparse_worker.py`
-runs under `--peer-python` (the DeepSparse venv, .venv-peers: DeepSparse is never a project
-dependency): ONNX export of the same module, `deepsparse.Engine(batch_size=B,
+Then the masked weights, biases and inputs go to a temp dir and `peers_deepsparse_worker.py`,
+a server under `--peer-python` (the DeepSparse venv, .venv-peers: DeepSparse is never a project
+dependency), prepares the same case: ONNX export of the same module, `deepsparse.Engine(batch_size=B,
 num_cores=--threads)`; `ds_compile_s` is the export plus the Engine construction. int8 there
 is a static per-tensor uint8 activation scale calibrated on the very input, int8 weights per
-output row (MatMulInteger graph). Every time is a median of `--repeats` calls after a warm-up of 0.25 s (at
-least 3 calls) on both sides: short calls run their first few cold.
+output row (MatMulInteger graph). Both sides are warmed 0.25 s (at least 3 calls: short calls
+run their first few cold), then take `--repeats` turns on the case: a block of our calls, then a
+block of DeepSparse's, about 0.1 s each (`peers_client.take_turns`): on a shared machine the
+speed drifts by up to 1.5x over seconds, and one side timed after the other measured the drift.
+ours_ms and ds_ms are the medians of all their calls; `blocks` is the lowest and highest ratio of
+one turn's two medians (how far the machine moved it).
 
 Printed: a header (CPU model, the flags that matter, threads, torch and deepsparse versions),
-then one row per case: BxS, ours_ms, ds_ms, ds/ours (> 1: ours is faster; the (B, 128, K)
-figure), ds2d_ms, ours_build_s, ds_compile_s, ours_err and ds_err (max |y - y_ref| / max |y_ref|
-against the masked fp32 torch module; int8 rows include the quantization error) and notes
+then one row per case: BxS, ours_ms, ds_ms, ds/ours (> 1: ours is faster; against the faster of
+DeepSparse's two layouts, a note says when that is (M, K)), blocks, ds2d_ms, ours_build_s,
+ds_compile_s, ours_err and ds_err (max |y - y_ref| / max |y_ref| against the masked fp32 torch
+module; int8 rows include the quantization error) and notes
 (our kernel path; DeepSparse's share of supported ops, its error against the same
 quantization simulated in torch, the 2-D run's error where it is worse, any failure). If
 DeepSparse cannot run (no peer venv, import error, crash, unsupported CPU) one line says why,
@@ -44,15 +49,15 @@ ours is still printed, the DeepSparse columns read nan, and the exit code stays 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import re
-import subprocess
+import statistics
 import tempfile
 import time
 import warnings
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,10 +65,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from peers_client import PeerServer, Turns, take_turns
 from torch import nn
 
 import sparta_explore as se
-from kernels import medians, pattern_mask  # benchmarks/kernels.py: this script's folder is on sys.path
+from kernels import pattern_mask, warm  # benchmarks/kernels.py: this script's folder is on sys.path
 from sparta_explore.compile import compile
 from sparta_explore.compile.config import CompileConfig
 from sparta_explore.device import DeviceProfile, cpu_model
@@ -75,13 +81,11 @@ from sparta_explore.quantizers import quantize
 from sparta_explore.quantizers.uniform import UniformQuantConfig
 
 HERE = Path(__file__).resolve().parent
-WORKER = HERE / "peers_deepsparse_worker.py"
 FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16")
 SPARSITY = 0.9
 PATTERNS = ("32x32", "1x32", "unstructured")
 SEQ = 128  # tokens per sequence: M tokens reach both sides as (M // SEQ, SEQ, K)
 LAYOUTS = ("3d", "2d")  # DeepSparse: (B, SEQ, K) with batch_size=B (fair), (M, K) with batch_size=M
-PEER_TIMEOUT_S = 3600
 
 
 @dataclass
@@ -100,6 +104,7 @@ class Case:
     notes: list[str] = field(default_factory=list)
     ds: dict[str, Any] = field(default_factory=dict)  # DeepSparse on (B, SEQ, K)
     ds2d: dict[str, Any] = field(default_factory=dict)  # DeepSparse on (M, K), M one-row samples
+    turns: Turns = field(default_factory=Turns)  # the (B, SEQ, K) turns: per-block ratios
 
     @property
     def id(self) -> str:
@@ -146,8 +151,9 @@ def linear_data(case: Case) -> tuple[dict[str, torch.Tensor], torch.Tensor, int]
     return {"w": w, "b": b, "x": x}, kept, rows
 
 
-def run_linear(case: Case, repeats: int, cache_dir: str) -> dict[str, np.ndarray]:
-    """Build ours into the empty `cache_dir` (timed: the cold build), check and time it on x (B, SEQ, K)."""
+def run_linear(case: Case, cache_dir: str) -> tuple[dict[str, np.ndarray], Callable[[], Any]]:
+    """Build ours into the empty `cache_dir` (timed: the cold build) and check it on x (B, SEQ, K); returns the
+    saved arrays and the call to time."""
     data, kept, rows = linear_data(case)
     w, b, x = data["w"], data["b"], data["x"]
     masked = w * kept
@@ -164,8 +170,7 @@ def run_linear(case: Case, repeats: int, cache_dir: str) -> dict[str, np.ndarray
         else:
             case.notes.append(f"{ours.variant} ({ours.dot_path})")
         case.ours_err = rel_err(ours(x), F.linear(x, masked, b))
-        case.ours_ms = medians([lambda: ours(x)], repeats)[0] * 1e3
-    return {"w": masked.numpy(), "b": b.numpy(), "x": x.numpy()}
+    return {"w": masked.numpy(), "b": b.numpy(), "x": x.numpy()}, lambda: ours(x)
 
 
 def ffn_model(case: Case) -> tuple[nn.Sequential, dict[str, torch.Tensor], torch.Tensor]:
@@ -182,9 +187,9 @@ def ffn_model(case: Case) -> tuple[nn.Sequential, dict[str, torch.Tensor], torch
     return model, masks, torch.randn(case.m, case.k, generator=seeded("x", case.k, case.m)).reshape(-1, SEQ, case.k)
 
 
-def run_ffn(case: Case, repeats: int, cache_dir: str, device: DeviceProfile) -> dict[str, np.ndarray]:
+def run_ffn(case: Case, cache_dir: str, device: DeviceProfile) -> tuple[dict[str, np.ndarray], Callable[[], Any]]:
     """The FFN block through capture -> table -> run_propagation -> compile (timed, into the empty `cache_dir`),
-    against the masked module."""
+    checked against the masked module; returns the saved arrays and the call to time."""
     model, masks, x = ffn_model(case)
     graph = se.capture(model, (x,))
     table = masks_to_table(graph, {name: {"weight": mask} for name, mask in masks.items()})
@@ -206,75 +211,34 @@ def run_ffn(case: Case, repeats: int, cache_dir: str, device: DeviceProfile) -> 
             dst.weight.copy_(src.weight * mask)
             dst.bias.copy_(src.bias)
         case.ours_err = rel_err(cm(x), masked(x))
-        case.ours_ms = medians([lambda: cm(x)], repeats)[0] * 1e3
     case.notes.append("compile: " + ", ".join(str(op.chosen) for op in cm.plan.ops.values()))
     fusion = [note for op in cm.plan.ops.values() for note in op.notes if note.startswith("fus")]
     case.notes += fusion  # whether the FFN ran as one fused int8 pair, with both measured times
-    return {"w1": masked[0].weight.detach().numpy(), "b1": masked[0].bias.detach().numpy(),
-            "w2": masked[2].weight.detach().numpy(), "b2": masked[2].bias.detach().numpy(), "x": x.numpy()}
+    arrays = {"w1": masked[0].weight.detach().numpy(), "b1": masked[0].bias.detach().numpy(),
+              "w2": masked[2].weight.detach().numpy(), "b2": masked[2].bias.detach().numpy(), "x": x.numpy()}
+    return arrays, lambda: cm(x)
 
 
-def error_line(text: str, rc: int) -> str:
-    """The line that names the error (a traceback's last 'XxxError: ...'), else the last line, else the exit."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    named = [ln for ln in lines if "Error" in ln.split(":")[0] or "Exception" in ln.split(":")[0]]
-    if named:
-        return named[-1][:300]
-    if rc < 0:
-        return f"killed by signal {-rc}" + (f" after: {lines[-1][:200]}" if lines else "")
-    return lines[-1][:300] if lines else f"exit code {rc}, no output"
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
-
-
-def run_peer(peer_python: Path, rows: list[Case], tmp: Path, repeats: int, threads: int, isa: str,
-             layouts: tuple[str, ...] = LAYOUTS) -> str | None:
-    """Run the DeepSparse worker on every case in every layout; fill `case.ds` (3d) and `case.ds2d`.
-    Returns why DeepSparse did not run, or None.
-
-    A run that crashes the worker (a signal, not a Python exception) is marked failed and the
-    worker is started again on the runs left.
-    """
-    if not peer_python.exists():
-        return f"peer python {peer_python} not found (`make bench-peers` creates .venv-peers)"
-    spec = tmp / "cases.json"
-    runs = [{"id": f"{c.id}_{layout}", "layout": layout, "kind": c.kind, "prec": c.prec,
-             "file": str(tmp / c.data_name)} for c in rows for layout in layouts]
-    spec.write_text(json.dumps(runs))
-    out = tmp / "ds.jsonl"
-    env = dict(os.environ, NM_DISABLE_ANALYTICS="1", OMP_NUM_THREADS=str(threads))
-    if isa != "native":
-        env["NM_ARCH"] = isa  # DeepSparse's own switch: it loads its build for that instruction set
-    crashed: dict[str, str] = {}
-    for _ in range(len(runs) + 1):
-        done = {r["id"] for r in read_jsonl(out) if "started" not in r}
-        command = [str(peer_python), str(WORKER), "--cases", str(spec), "--out", str(out), "--repeats",
-                   str(repeats), "--num-cores", str(threads), "--skip", *sorted(done | set(crashed))]
-        try:
-            proc = subprocess.run(command, capture_output=True, text=True, timeout=PEER_TIMEOUT_S, env=env)
-        except subprocess.TimeoutExpired:
-            return f"the worker ran past {PEER_TIMEOUT_S} s"
-        if proc.returncode == 0:
-            break
-        reason = error_line(proc.stderr or proc.stdout, proc.returncode)
-        records = read_jsonl(out)
-        finished = {r["id"] for r in records if "started" not in r}
-        running = [r["id"] for r in records if "started" in r and r["id"] not in finished | set(crashed)]
-        if not running:  # it died before any case (import error, unsupported CPU): nothing will run
-            return reason
-        crashed[running[0]] = reason
-    results = {r["id"]: r for r in read_jsonl(out) if "started" not in r}
-    results.update({i: {"id": i, "error": f"worker crashed: {why}"} for i, why in crashed.items()})
-    for case in rows:
-        case.ds = results.get(f"{case.id}_3d", {"error": "no result"})
-        case.ds2d = results.get(f"{case.id}_2d", {"error": "no result"} if "2d" in layouts else {})
-    if not any("ms" in r for r in results.values()):
-        return next((r["error"] for r in results.values() if "error" in r), "no case ran")
-    return None
+def timed_case(case: Case, call: Callable[[], Any], peer: PeerServer, tmp: Path, layouts: tuple[str, ...],
+               blocks: int) -> None:
+    """Warm ours, then per DeepSparse layout: prepare it (export, compile, check, warm) and take turns timing."""
+    ours_call_s = warm(call)
+    for layout in layouts:
+        run_id = f"{case.id}_{layout}"
+        record = peer.ask({"prepare": {"id": run_id, "layout": layout, "kind": case.kind, "prec": case.prec,
+                                       "file": str(tmp / case.data_name)}})
+        turns = take_turns(call, ours_call_s, peer, run_id, record.get("call_s", ours_call_s), blocks,
+                           error=record.get("error"))
+        if "error" not in record:
+            peer.ask({"drop": run_id})
+        if turns.error is not None:
+            record["error"] = turns.error
+        elif turns.peer:
+            record["ms"] = statistics.median(turns.peer) * 1e3
+        if layout == "3d":
+            case.ours_ms, case.ds, case.turns = statistics.median(turns.ours) * 1e3, record, turns
+        else:
+            case.ds2d = record
 
 
 def fmt(value: float, spec: str) -> str:
@@ -300,10 +264,14 @@ def print_table(rows: list[Case], threads: int, failure: str | None, load: float
     print(f"input: ours and ds (B, {SEQ}, K), DeepSparse batch_size=B; ds2d: (M, K), batch_size=M | build and "
           "compile: cold (ours: an empty kernel cache per case; ds: ONNX export + Engine)")
     print(f"{'K->N':<15} {'BxS':>6} {'pattern':>12} {'prec':>5} {'ours_ms':>9} {'ds_ms':>9} {'ds/ours':>8} "
-          f"{'ds2d_ms':>9} {'ours_build_s':>12} {'ds_compile_s':>12} {'ours_err':>9} {'ds_err':>9}  notes")
+          f"{'blocks':>9} {'ds2d_ms':>9} {'ours_build_s':>12} {'ds_compile_s':>12} {'ours_err':>9} {'ds_err':>9}"
+          "  notes")
     for c in rows:
         ds_ms, ds_err = float(c.ds.get("ms", math.nan)), float(c.ds.get("err", math.nan))
+        best_ms = min(ds_ms, float(c.ds2d.get("ms", math.inf)))  # the peer as it runs best (nan stays nan)
         notes = list(c.notes)
+        if best_ms < ds_ms:
+            notes.append("ds/ours against DS in 2-D, its faster layout here")
         for label, ds in (("DS", c.ds), ("DS 2-D", c.ds2d)):
             if "error" in ds and failure is None:
                 notes.append(f"{label} failed: {ds['error']}")
@@ -314,7 +282,8 @@ def print_table(rows: list[Case], threads: int, failure: str | None, load: float
         if c.ds2d.get("err", 0.0) > max(2 * ds_err, 1e-5):  # also when the 3-D run has no error to compare
             notes.append(f"DS 2-D err {c.ds2d['err']:.1e}")
         print(f"{c.shape:<15} {c.batch:>6} {c.pattern:>12} {c.prec:>5} {fmt(c.ours_ms, '9.2f')} {fmt(ds_ms, '9.2f')} "
-              f"{fmt(ds_ms / c.ours_ms, '8.2f')} {fmt(float(c.ds2d.get('ms', math.nan)), '9.2f')} "
+              f"{fmt(best_ms / c.ours_ms, '8.2f')} {c.turns.ratio_range():>9} "
+              f"{fmt(float(c.ds2d.get('ms', math.nan)), '9.2f')} "
               f"{fmt(c.ours_build_s, '12.2f')} {fmt(float(c.ds.get('compile_s', math.nan)), '12.2f')} "
               f"{fmt(c.ours_err, '9.1e')} {fmt(ds_err, '9.1e')}  {'; '.join(notes)}", flush=True)
 
@@ -322,7 +291,7 @@ def print_table(rows: list[Case], threads: int, failure: str | None, load: float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="768->3072 at M=4096 and the FFN block in fp32")
-    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--repeats", type=int, default=9, help="turns: blocks of ours, then of DeepSparse's")
     parser.add_argument("--threads", type=int, default=2, help="ours: torch threads; DeepSparse: num_cores")
     parser.add_argument("--peer-python", type=Path, default=HERE.parent / ".venv-peers" / "bin" / "python",
                         help="python of the venv that has deepsparse==1.8.0 (make bench-peers creates it)")
@@ -340,19 +309,22 @@ def main() -> None:
         parser.error(f"--only {args.only!r} matches no case id (e.g. {cases(False)[0].id})")
     load_before = os.getloadavg()[0]
     device = DeviceProfile.load_or_measure() if any(c.kind == "ffn" for c in rows) else None
+    layouts = LAYOUTS[:1] if args.no_2d else LAYOUTS
     with tempfile.TemporaryDirectory(prefix="peers-") as tmp_dir:
         tmp = Path(tmp_dir)
+        peer = PeerServer(args.peer_python, tmp, args.threads, args.isa)
         for case in rows:
-            print(f"ours: {case.id} ...", flush=True)
+            print(f"{case.id} ...", flush=True)
             cache_dir = tempfile.mkdtemp(prefix="cache-", dir=tmp)  # empty: ours_build_s is a cold build
-            data = (run_ffn(case, args.repeats, cache_dir, device) if case.kind == "ffn" else
-                    run_linear(case, args.repeats, cache_dir))
+            data, call = (run_ffn(case, cache_dir, device) if case.kind == "ffn" else run_linear(case, cache_dir))
             path = tmp / case.data_name
             if not path.exists():
                 np.savez(path, **{k: np.ascontiguousarray(v, dtype=np.float32) for k, v in data.items()})
-        layouts = LAYOUTS[:1] if args.no_2d else LAYOUTS
-        print(f"DeepSparse: {len(rows)} cases x {len(layouts)} layouts under {args.peer_python} ...", flush=True)
-        failure = run_peer(args.peer_python, rows, tmp, args.repeats, args.threads, args.isa, layouts)
+            timed_case(case, call, peer, tmp, layouts, args.repeats)
+            del call, data  # this case's kernels and buffers go before the next one's are built
+        peer.close()
+        failure = None if any("ms" in c.ds for c in rows) else peer.unavailable or next(
+            (c.ds["error"] for c in rows if "error" in c.ds), "no case ran")
     print()
     print_table(rows, args.threads, failure, load_before)
 

@@ -1,15 +1,26 @@
 """DeepSparse side of `benchmarks/peers.py`: runs only inside the peer venv (.venv-peers), never the project's.
 
-For each case that peers.py saved (an `.npz` with the masked weights, biases and the input
-x of shape (B, S, K), listed in a `cases.json` with a layout), this script builds the same
-torch module (nn.Linear, or the FFN block Linear -> GELU -> Linear), exports it to ONNX with
-the legacy TorchScript exporter (static shapes, opset 13) and times `deepsparse.Engine(model,
-batch_size=..., num_cores=...)`: the median of `--repeats` calls after a warm-up. Layout "3d"
-(the fair one) feeds x as a transformer gives it, (B, S, K) with batch_size=B: the exporter
-writes each Linear as MatMul(x, W^T) -> Add(b). Layout "2d" flattens x to (B*S, K) with
-batch_size=B*S, one-row samples (each Linear a Gemm): DeepSparse is slower so (issue 27:
-1.2-1.8x), and it is kept only to show that. `compile_s` is the ONNX export (and for int8 the quantized graph)
-plus the Engine construction, `export_s` the first part.
+A server on stdin/stdout, one JSON object a line, so that peers.py can take turns with it: a
+block of our calls, then a block of DeepSparse's, on the same case, a few times over (on a
+shared machine the speed moves by 1.5x over seconds: timed one side after the other, a
+ratio measured the drift). Requests:
+
+* `{"prepare": {"id", "layout", "kind", "prec", "file"}}`: load the case peers.py saved (an
+  `.npz` with the masked weights, biases and the input x of shape (B, S, K)), build the same
+  torch module (nn.Linear, or the FFN block Linear -> GELU -> Linear), export it to ONNX with
+  the legacy TorchScript exporter (static shapes, opset 13), compile `deepsparse.Engine(model,
+  batch_size=..., num_cores=...)`, check it and warm it for 0.25 s (at least 3 calls). Layout
+  "3d" (the fair one) feeds x as a transformer gives it, (B, S, K) with batch_size=B: the
+  exporter writes each Linear as MatMul(x, W^T) -> Add(b). Layout "2d" flattens x to (B*S, K)
+  with batch_size=B*S, one-row samples (each Linear a Gemm): DeepSparse is slower so (issue
+  27: 1.2-1.8x), and it is kept only to show that. The reply: `compile_s` (the ONNX export,
+  and for int8 the quantized graph, plus the Engine construction), `export_s` (the first
+  part), `err`, `call_s` (a warm call), `supported_ops`, the engine's ISA.
+* `{"time": id, "calls": n}`: the seconds of n calls, `{"times": [...]}`.
+* `{"drop": id}`: free the engine.
+
+Replies start with `PEER ` (DeepSparse may print to stdout too); a request that fails
+replies `{"id", "error", "trace"}` and the server goes on.
 
 int8 cases get a quantized graph written here with the `onnx` helper API. Each Gemm or
 MatMul -> Add reads x quantized to uint8 with a static per-tensor scale and zero point
@@ -22,13 +33,12 @@ the float Gemm / MatMul instead: DeepSparse 1.8.0 compiles none of the 2-D (Gemm
 (supported_ops 0.0) and not all of the 3-D one (< 1.0), handing the rest to its fallback
 runtime, so it is kept only to show that.
 
-Every result carries `err`: max |y_ds - y_torch| / max |y_torch| against the fp32 torch
+Every prepared case carries `err`: max |y_ds - y_torch| / max |y_torch| against the fp32 torch
 module (for int8 that includes the quantization error, as ours does), and for int8 also
 `err_sim`: against torch doing the same rounding, so a broken export shows as a large
-`err_sim`. One JSON object per case and layout is appended to `--out` as it finishes (so a
-crash loses only the one it happened in); the whole list is also printed to stdout at the end.
+`err_sim`.
 
-    .venv-peers/bin/python benchmarks/peers_deepsparse_worker.py --cases DIR/cases.json --out DIR/ds.jsonl
+    .venv-peers/bin/python benchmarks/peers_deepsparse_worker.py --tmp DIR < requests
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
+import sys
 import time
 import traceback
 import warnings
@@ -53,6 +63,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from torch import nn  # noqa: E402
 
 OPSET = 13
+REPLY = "PEER "  # replies start with this: DeepSparse may print its own lines to stdout
 WARM_SECONDS = 0.25  # each engine runs this long before it is timed, as ours do (benchmarks/kernels.py, warm)
 Ranges = list[tuple[float, float]]
 
@@ -222,8 +233,10 @@ def rel_err(a: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(a - ref).max() / max(float(np.abs(ref).max()), 1e-12))
 
 
-def run_case(case: dict[str, Any], tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """One case in one layout: "3d" feeds the saved x (B, S, K) with batch_size=B, "2d" its (B*S, K) flattening."""
+def prepare(case: dict[str, Any], tmp: Path, num_cores: int, weight_quant: str,
+            int8_format: str) -> tuple[Any, list[np.ndarray], dict[str, Any]]:
+    """Export and compile one case in one layout ("3d": the saved x (B, S, K) with batch_size=B, "2d" its (B*S, K)
+    flattening); check it against torch and warm it. Returns the engine, its inputs and the record."""
     arrays = dict(np.load(case["file"]))
     x_np = arrays["x"] if case.get("layout", "3d") == "3d" else arrays["x"].reshape(-1, arrays["x"].shape[-1])
     x_np = np.ascontiguousarray(x_np)
@@ -232,17 +245,17 @@ def run_case(case: dict[str, Any], tmp: Path, args: argparse.Namespace) -> dict[
     with torch.no_grad():
         reference = module(x).numpy()
     path = tmp / f"{case['id']}_fp32.onnx"
-    out: dict[str, Any] = {"id": case["id"], "shape": list(x.shape)}
+    out: dict[str, Any] = {"id": case["id"], "shape": list(x.shape), "deepsparse": deepsparse.__version__,
+                           "int8": f"{int8_format}/{weight_quant}"}
     start = time.perf_counter()
     export(module, x, path)
     if case["prec"] == "int8":
         qpath = tmp / f"{case['id']}_int8.onnx"
-        params = quantize_graph(path, qpath, linear_input_ranges(module, x), args.weight_quant == "channel",
-                                args.int8_format)
+        params = quantize_graph(path, qpath, linear_input_ranges(module, x), weight_quant == "channel", int8_format)
         path = qpath
     out["export_s"] = time.perf_counter() - start
     start = time.perf_counter()
-    engine = deepsparse.Engine(model=str(path), batch_size=x.shape[0], num_cores=args.num_cores)
+    engine = deepsparse.Engine(model=str(path), batch_size=x.shape[0], num_cores=num_cores)
     out["compile_s"] = out["export_s"] + time.perf_counter() - start
     inputs = [x_np]
     y = engine.run(inputs)[0]
@@ -253,44 +266,56 @@ def run_case(case: dict[str, Any], tmp: Path, args: argparse.Namespace) -> dict[
     while done < 3 or time.perf_counter() - start < WARM_SECONDS:
         engine.run(inputs)
         done += 1
+    out["call_s"] = (time.perf_counter() - start) / done
+    out["supported_ops"] = float(getattr(engine, "fraction_of_supported_ops", float("nan")))
+    out["engine"] = {"avx": str(getattr(engine, "cpu_avx_type", "?")), "vnni": bool(getattr(engine, "cpu_vnni", 0))}
+    return engine, inputs, out
+
+
+def timed(engine: Any, inputs: list[np.ndarray], calls: int) -> list[float]:
+    """Seconds of each of `calls` engine runs."""
     times = []
-    for _ in range(args.repeats):
+    for _ in range(calls):
         start = time.perf_counter()
         engine.run(inputs)
         times.append(time.perf_counter() - start)
-    out["ms"] = statistics.median(times) * 1e3
-    out["supported_ops"] = float(getattr(engine, "fraction_of_supported_ops", float("nan")))
-    out["engine"] = {"avx": str(getattr(engine, "cpu_avx_type", "?")), "vnni": bool(getattr(engine, "cpu_vnni", 0))}
-    return out
+    return times
+
+
+def answer(request: dict[str, Any], engines: dict[str, tuple], tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One request: {"prepare": case}, {"time": id, "calls": n} or {"drop": id}."""
+    if "prepare" in request:
+        case = request["prepare"]
+        engine, inputs, out = prepare(case, tmp, args.num_cores, args.weight_quant, args.int8_format)
+        engines[case["id"]] = (engine, inputs)
+        return out
+    if "time" in request:
+        engine, inputs = engines[request["time"]]
+        return {"id": request["time"], "times": timed(engine, inputs, int(request["calls"]))}
+    engines.pop(request["drop"], None)
+    return {"id": request["drop"], "dropped": True}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", type=Path, required=True, help="cases.json written by peers.py")
-    parser.add_argument("--out", type=Path, required=True, help="JSON lines, one per case and layout, appended")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--tmp", type=Path, required=True, help="folder for the ONNX files")
     parser.add_argument("--num-cores", type=int, default=2)
     parser.add_argument("--weight-quant", choices=("channel", "tensor"), default="channel")
     parser.add_argument("--int8-format", choices=("integer", "qdq"), default="integer")
-    parser.add_argument("--skip", nargs="*", default=[], help="ids to leave out (done, or crashed before)")
     args = parser.parse_args()
     torch.set_num_threads(args.num_cores)
-    cases = [c for c in json.loads(args.cases.read_text()) if c["id"] not in set(args.skip)]
-    results = []
-    for case in cases:
-        with args.out.open("a") as f:  # say which case is running, so a crash can be pinned on it
-            f.write(json.dumps({"id": case["id"], "started": True}) + "\n")
+    engines: dict[str, tuple] = {}
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
         try:
-            result = run_case(case, args.cases.parent, args)
-        except Exception as exc:  # one case failing (export, engine) must not hide the others
-            result = {"id": case["id"], "error": f"{type(exc).__name__}: {exc}".splitlines()[0],
-                      "trace": traceback.format_exc(limit=3)}
-        result["deepsparse"] = deepsparse.__version__
-        result["int8"] = f"{args.int8_format}/{args.weight_quant}"
-        results.append(result)
-        with args.out.open("a") as f:
-            f.write(json.dumps(result) + "\n")
-    print(json.dumps(results), flush=True)
+            reply = answer(request, engines, args.tmp, args)
+        except Exception as exc:  # one case failing (export, engine) must not stop the others
+            case_id = (request.get("prepare") or {}).get("id") or request.get("time") or request.get("drop")
+            reply = {"id": case_id, "error": f"{type(exc).__name__}: {exc}".splitlines()[0],
+                     "trace": traceback.format_exc(limit=3)}
+        print(REPLY + json.dumps(reply), flush=True)
 
 
 if __name__ == "__main__":

@@ -90,6 +90,35 @@ static inline vf vgelu(vf x) {
     const __mmask16 negative = _mm512_cmp_ps_mask(X, _mm512_setzero_ps(), _CMP_LT_OQ);
     return (vf)_mm512_mul_ps(X, _mm512_mask_blend_ps(negative, _mm512_sub_ps(one, q), q));
 }
+#elif VEC == 8 && defined(__AVX2__) && defined(__FMA__)
+/* Phi(-a) for a in [0, 5.5) as 8 pieces of degree 6 in a - 0.6875 i, fitted at Chebyshev nodes to
+   0.5 erfc(a / sqrt 2) (|err| max(|a|, 1) < 5e-8 in float32); vpermps takes each power's coefficient
+   from one vector. 5.0 ns a vector against 9.9 for the erfc formula below (Zen 3), whose reciprocal
+   and exp were two thirds of it; degree 5 (|err| |a| < 1.7e-7) saved only 5% more. */
+static const float GELU8_C0[8] __attribute__((aligned(32))) = {5.000000000e-01f, 2.458838373e-01f, 8.456572145e-02f, 1.958008111e-02f, 2.979763784e-03f, 2.935550874e-04f, 1.853663889e-05f, 7.452568411e-07f};
+static const float GELU8_C1[8] __attribute__((aligned(32))) = {-3.989432752e-01f, -3.149725795e-01f, -1.550119221e-01f, -4.755423218e-02f, -9.093644097e-03f, -1.083914889e-03f, -8.052610792e-05f, -3.728490583e-06f};
+static const float GELU8_C2[8] __attribute__((aligned(32))) = {2.357801532e-05f, 1.082504913e-01f, 1.065624431e-01f, 4.904789478e-02f, 1.250563283e-02f, 1.862179604e-03f, 1.657737012e-04f, 8.932088349e-06f};
+static const float GELU8_C3[8] __attribute__((aligned(32))) = {6.627835333e-02f, 2.786861546e-02f, -2.293089218e-02f, -2.585842647e-02f, -9.964439087e-03f, -1.946581760e-03f, -2.119194542e-04f, -1.337522917e-05f};
+static const float GELU8_C4[8] __attribute__((aligned(32))) = {9.180163615e-04f, -2.354886755e-02f, -1.020838879e-02f, 5.409367383e-03f, 4.836914130e-03f, 1.337938360e-03f, 1.807119261e-04f, 1.328796407e-05f};
+static const float GELU8_C5[8] __attribute__((aligned(32))) = {-1.205185521e-02f, 4.737705167e-04f, 7.022522856e-03f, 1.158055733e-03f, -1.324023237e-03f, -5.837472854e-04f, -9.735117055e-05f, -8.160320249e-06f};
+static const float GELU8_C6[8] __attribute__((aligned(32))) = {2.414186485e-03f, 1.822806080e-03f, -1.220979495e-03f, -6.931574317e-04f, 1.471083233e-04f, 1.259900891e-04f, 2.519432383e-05f, 2.332835265e-06f};
+static inline vf vgelu(vf x) {
+    const __m256 X = (__m256)x, one = _mm256_set1_ps(1.0f), edge = _mm256_set1_ps(5.5f);
+    const __m256 a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), X);
+    /* a clamped just below the edge: the piece index stays <= 7 (a NaN a reads as the edge) */
+    const __m256i i = _mm256_cvttps_epi32(_mm256_mul_ps(_mm256_min_ps(a, _mm256_set1_ps(5.4999995f)),
+                                                         _mm256_set1_ps(8.0f / 5.5f)));
+    const __m256 t = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(5.5f / 8.0f), a);
+#define GELU_PIECE(k) _mm256_permutevar8x32_ps(_mm256_load_ps(GELU8_C##k), i)
+    __m256 q = GELU_PIECE(6);
+    q = _mm256_fmadd_ps(q, t, GELU_PIECE(5)); q = _mm256_fmadd_ps(q, t, GELU_PIECE(4));
+    q = _mm256_fmadd_ps(q, t, GELU_PIECE(3)); q = _mm256_fmadd_ps(q, t, GELU_PIECE(2));
+    q = _mm256_fmadd_ps(q, t, GELU_PIECE(1)); q = _mm256_fmadd_ps(q, t, GELU_PIECE(0));
+#undef GELU_PIECE
+    q = _mm256_and_ps(q, _mm256_cmp_ps(a, edge, _CMP_LT_OQ));  /* Phi(-a) past the edge: 0 */
+    /* Phi(x): q where x is negative (blendv reads x's sign bit), 1 - q elsewhere */
+    return (vf)_mm256_mul_ps(X, _mm256_blendv_ps(_mm256_sub_ps(one, q), q, X));
+}
 #else
 static inline vf vgelu(vf x) {
     /* exact-erf GELU, x * Phi(x): Phi(-|x|) = 0.5 erfc(|x| / sqrt 2) by Abramowitz-Stegun 7.1.26
