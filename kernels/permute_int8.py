@@ -274,7 +274,8 @@ class PermutedInt8Linear(Int8SparseLinear):
         self._block_runs = torch.from_numpy(steps.block_runs).clone()
         self._corr = torch.from_numpy(offset_correction(wq))
         name = "permute_int8"
-        self.built = build(_source(self.activation, self.act_bits, self.emulate_dot), name, cache_dir=cache_dir)
+        self.built = build(_source(self.activation, self.act_bits, self.emulate_dot), name, cache_dir=cache_dir,
+                           emulated=self.emulate_dot)
         self._tile = ROWS
         self._keep_tables(None)
         self._bind(self.built.lib)

@@ -360,7 +360,7 @@ class Int8SparseLinear(KernelLinear):
         source = generate_int8_source(groups, self.out_features, kept.shape[1], self.activation, name,
                                       self.act_bits, self.weight_bits, variant, self.dot, self.emulate_dot, panel_k,
                                       io, as_data=PATTERN_AS_DATA)
-        self.built = build(source.text, name, cache_dir=cache_dir)
+        self.built = build(source.text, name, cache_dir=cache_dir, emulated=self.emulate_dot and variant == "vnni")
         self._keep_tables(source)
         quads = variant != "int16"
         self._packed = torch.from_numpy(pack_quads(wq, groups) if quads else pack_pairs(wq, groups))
