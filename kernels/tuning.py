@@ -34,17 +34,24 @@ CANDIDATES = (TileConfig(4, 3, 6), TileConfig(4, 2, 4), TileConfig(2, 3, 6), Til
 # measured on BERT FFN shapes: 6x2 wins at M=4096 and for 768->3072, 2x4 for 3072->768 at M=128
 SEGMENT_CANDIDATES = (TileConfig(6, 2, 6, layout="segments"), TileConfig(2, 4, 8, layout="segments"))
 MIN_SHARING = 2.0  # rows per (panel, pattern) below which the segment layout only adds spills
-TUNING_VERSION = 16  # 10: long runs and sharing capped; 11: shapes to half an octave; 12: split flat-loop sums;
+TUNING_VERSION = 17  # 10: long runs and sharing capped; 11: shapes to half an octave; 12: split flat-loop sums;
 # 13: 16-float kernels pack X and unpack Y in 8 x 8 register blocks; 14: K panels fill L1, scattered sets per width;
-# 15: K-panel tilings on 16 floats apply their activation as a pass over rows; 16: one-word segments below 8 words
+# 15: K-panel tilings on 16 floats apply their activation as a pass over rows; 16: one-word segments below 8 words;
+# 17: tall blocks on 8-row (AVX2: 6-row) tiles of 2 vectors
 
 
-# Blocks of 8 rows or more (8x8 .. 32x32 at 90%, BERT shapes 704..3072 x 768..3072, with and without GELU): the
-# best of these was the best of all 10 in 30 searches, AVX-512 and AVX2 builds alike (4x3x3 for few rows on
-# AVX-512, 6x2 otherwise: `default_tile`); every other tiling was 1.09-5.4x the best. Their searches were
-# 2.4-3.0 s of an empty-cache compile.
+# Blocks of 8 rows or more, per vector width. Zen 5, the old set (8x8 .. 32x32 at 90%, BERT shapes, with and
+# without GELU): 4x3x3 won for few rows on AVX-512, 6x2x6 otherwise, of 10 tilings none with 8 rows or an M tile of
+# 2 vectors. Zen 4 (2 threads, 8x8 and 32x32 at 90%, 768 <-> 3072, M 1 to 4096): 8 rows over an M tile of 2 vectors
+# (`single_vectors` 2: the M tile is the lcm of both counts) ran 1.4-1.8x faster than 4x3x3 at M = 16 to 512 (32x32
+# 768->3072 at M = 128: 0.35 against 0.52 ms; 128 rows are 2.7 tiles of 48 but 4 of 32), level with 6x2x6 at 4096;
+# 8x2x4 beat it at M = 48 and 4096 once each. On 8 floats (AVX2 builds, 16 registers) 6x2x2 was the fastest at
+# every M (M = 128: 0.48 / 0.34 against 0.56 / 0.48 ms for 6x2x6; 8-row tiles spill). The first is `default_tile`.
 BLOCK_ROWS_NARROW = 8
-BLOCK_CANDIDATES = (TileConfig(4, 3, 3), TileConfig(6, 2, 6))
+BLOCK_CANDIDATES = {
+    16: (TileConfig(8, 2, 2), TileConfig(8, 2, 4), TileConfig(6, 2, 6)),
+    8: (TileConfig(6, 2, 2), TileConfig(6, 2, 6)),
+}
 # Scattered one-row patterns (unstructured, `scattered`), per vector width. 8 floats (AVX2): 72 searches over 5%,
 # 10% and 25% kept, BERT shapes 768 and 3072 square and FFN, with and without GELU, M 128 and 2048: these 4 held the
 # best of all 8 in 65 (ties counted), within 4% of it in the other 7; 2x4x8 wins for many rows, its K-panel form at
@@ -57,6 +64,17 @@ SCATTERED_CANDIDATES = {
     16: (TileConfig(4, 2, 4), TileConfig(4, 3, 3, panel=True), TileConfig(4, 2, 2, panel=True),
          TileConfig(2, 4, 8, panel=True)),
 }
+
+
+def block_candidates() -> tuple[TileConfig, ...]:
+    """The tilings timed for blocks of `BLOCK_ROWS_NARROW` rows or more on this CPU's vector width (the first:
+    the default).
+
+    Example:
+        >>> block_candidates()[0].vectors
+        2
+    """
+    return BLOCK_CANDIDATES[vector_width()]
 
 
 def scattered_candidates() -> tuple[TileConfig, ...]:
@@ -106,13 +124,13 @@ def candidates(kept: np.ndarray, block_rows: int = 1) -> tuple[TileConfig, ...]:
         True
         >>> candidates(np.eye(64, dtype=bool)) == scattered_candidates()
         True
-        >>> candidates(np.ones((64, 64), dtype=bool), block_rows=32)[:2] == BLOCK_CANDIDATES
+        >>> candidates(np.ones((64, 64), dtype=bool), block_rows=32)[:2] == block_candidates()[:2]
         True
     """
     share = sharing(kept)
     shared = share >= MIN_SHARING
     if block_rows >= BLOCK_ROWS_NARROW:
-        return BLOCK_CANDIDATES + (SEGMENT_CANDIDATES[:1] if shared else ())
+        return block_candidates() + (SEGMENT_CANDIDATES[:1] if shared else ())
     if scattered(kept, block_rows, share):
         return scattered_candidates()
     return CANDIDATES + (SEGMENT_CANDIDATES if shared else ())
@@ -122,10 +140,9 @@ def default_tile(kept: np.ndarray, block_rows: int, m: int | None = None) -> Til
     """The tiling to use without a search, for about `m` rows of input (None: unknown, taken as few).
 
     One-row blocks whose rows share panels (1x32) go segment-major. Blocks of `BLOCK_ROWS_NARROW` rows or more
-    take the block tiling that wins their searches: 6x2 (M tiles of 6 vectors), but 4x3x3 (3 vectors) for a
-    few rows on 16-float vectors, whose wide tiles leave a ragged tail. Measured at 90%, 8x8 to 32x32, BERT FFN
-    shapes, with and without GELU (Zen 5): the other was 1.01-1.26x the winner (2.98x once), the general default
-    4x3x6 1.06-3.21x. Scattered patterns (unstructured) take 4x3x3 in L1-sized K panels for many rows on 16-float
+    take the first of `block_candidates()` at any M: 8 rows over M tiles of 2 vectors (6 rows on 8 floats), 1.4-1.8x
+    faster than 4x3x3 for few rows and level with 6x2x6 for many (Zen 4, see `BLOCK_CANDIDATES`).
+    Scattered patterns (unstructured) take 4x3x3 in L1-sized K panels for many rows on 16-float
     vectors (10% kept, BERT FFN shapes, Zen 5: 0.90-0.95x the time of 4x3x3 without panels at M = 1024 and 4096,
     within 1.03x of 4x2x2 in panels, which wins at M = 1024), else 4x2x4 (at 5-10% kept within 1.03x of the best at
     AVX-512 and 1.12x at AVX2 but once; 4x3x6 was up to 2.1x).
@@ -133,12 +150,12 @@ def default_tile(kept: np.ndarray, block_rows: int, m: int | None = None) -> Til
     Example:
         >>> default_tile(np.ones((64, 64), dtype=bool), block_rows=1).layout
         'segments'
-        >>> default_tile(np.ones((64, 64), dtype=bool), block_rows=32, m=4096)
-        TileConfig(rows=6, vectors=2, single_vectors=6, panel=False, layout='rows')
+        >>> default_tile(np.ones((64, 64), dtype=bool), block_rows=32, m=4096) == block_candidates()[0]
+        True
     """
     few = m is None or m_bucket(m) == "small"
     if block_rows >= BLOCK_ROWS_NARROW:
-        return BLOCK_CANDIDATES[0] if few and vector_width() == 16 else BLOCK_CANDIDATES[1]
+        return block_candidates()[0]
     if block_rows != 1:
         return TileConfig()
     share = sharing(kept)  # one-row blocks only: a pass over the mask

@@ -62,24 +62,41 @@ def test_every_scattered_candidate_is_correct_across_panels(tmp_path, monkeypatc
                 check(layer, m, k)
 
 
-def test_tall_blocks_time_the_few_tilings_that_win_for_them():
+def test_tall_blocks_time_the_few_tilings_that_win_for_them(monkeypatch):
     for block in ((8, 8), (32, 32)):
         kept = block_mask(256, 256, block, 0.1).numpy()  # block rows share their panels: segments too
-        assert candidates(kept, block[0]) == BLOCK_CANDIDATES + SEGMENT_CANDIDATES[:1]
+        for width in (16, 8):
+            monkeypatch.setattr(tuning, "vector_width", lambda width=width: width)
+            assert candidates(kept, block[0]) == BLOCK_CANDIDATES[width] + SEGMENT_CANDIDATES[:1]
         assert candidates(kept, 4) == CANDIDATES + SEGMENT_CANDIDATES  # shorter blocks: every tiling
-    assert set(BLOCK_CANDIDATES) <= set(CANDIDATES)
 
 
-def test_tall_blocks_default_to_a_tiling_their_searches_pick(monkeypatch):
+def test_tall_blocks_default_to_the_first_tiling_their_searches_time(monkeypatch):
     kept = block_mask(256, 256, (32, 32), 0.1).numpy()
-    few_rows_on = {16: BLOCK_CANDIDATES[0], 8: BLOCK_CANDIDATES[1]}  # AVX-512's wide M tiles leave a ragged tail
-    for width, few in few_rows_on.items():
-        many = BLOCK_CANDIDATES[1]
+    for width in (16, 8):
         monkeypatch.setattr(tuning, "vector_width", lambda width=width: width)
-        assert default_tile(kept, 32, m=128) == few and default_tile(kept, 32) == few  # unknown M: taken as few
-        assert default_tile(kept, 32, m=4096) == many
+        first = BLOCK_CANDIDATES[width][0]
+        assert first.tile_vectors == 2  # M tiles of 2 vectors: 128 rows are whole tiles, not 2.7 of 48
+        assert default_tile(kept, 32, m=128) == first and default_tile(kept, 32) == first  # unknown M: taken as few
+        assert default_tile(kept, 32, m=4096) == first
         assert default_tile(kept, 4, m=4096) == tuning.TileConfig()  # short blocks keep the general default
-    assert set(BLOCK_CANDIDATES) <= set(candidates(kept, 32))
+        assert set(BLOCK_CANDIDATES[width]) <= set(candidates(kept, 32))
+
+
+@pytest.mark.parametrize("block, density", [((8, 8), 0.4), ((32, 32), 0.3), ((16, 16), 1.0), ((8, 8), 0.0)])
+def test_every_block_tiling_is_correct(tmp_path, block, density):
+    # both widths' tilings on this CPU's vectors; rows and k ragged to the blocks and to every tile (75 = 9 x 8 + 3);
+    # a row of zero weights and, at 0.4, empty blocks
+    n, k = 75, 70
+    w, b = torch.randn(n, k), torch.randn(n)
+    w[9] = 0.0
+    kept = block_mask(n, k, block, density)
+    for i, cfg in enumerate(sorted({c for tiles in BLOCK_CANDIDATES.values() for c in tiles}, key=str)):
+        act = list(ACTIVATIONS)[i % len(ACTIVATIONS)]
+        layer = SparseLinear(w, b, kept, block_rows=block[0], activation=act, tile=cfg, cache_dir=tmp_path)
+        assert layer.fallback_reason is None, cfg
+        for m in (1, 33, 130):  # under one tile, ragged past two, several per thread
+            check(layer, m, k)
 
 
 def test_scattered_patterns_time_the_tilings_that_win_for_them(monkeypatch):
