@@ -45,11 +45,12 @@ TUNING_VERSION = 17  # 10: long runs and sharing capped; 11: shapes to half an o
 # 2 vectors. Zen 4 (2 threads, 8x8 and 32x32 at 90%, 768 <-> 3072, M 1 to 4096): 8 rows over an M tile of 2 vectors
 # (`single_vectors` 2: the M tile is the lcm of both counts) ran 1.4-1.8x faster than 4x3x3 at M = 16 to 512 (32x32
 # 768->3072 at M = 128: 0.35 against 0.52 ms; 128 rows are 2.7 tiles of 48 but 4 of 32), level with 6x2x6 at 4096;
-# 8x2x4 beat it at M = 48 and 4096 once each. On 8 floats (AVX2 builds, 16 registers) 6x2x2 was the fastest at
+# 8x2x4 beat it at M = 48 and 4096 once each, but a third candidate cost 1.7 s of an empty-cache BERT-base compile
+# (tile search 4.4 -> 6.1 s). On 8 floats (AVX2 builds, 16 registers) 6x2x2 was the fastest at
 # every M (M = 128: 0.48 / 0.34 against 0.56 / 0.48 ms for 6x2x6; 8-row tiles spill). The first is `default_tile`.
 BLOCK_ROWS_NARROW = 8
 BLOCK_CANDIDATES = {
-    16: (TileConfig(8, 2, 2), TileConfig(8, 2, 4), TileConfig(6, 2, 6)),
+    16: (TileConfig(8, 2, 2), TileConfig(6, 2, 6)),
     8: (TileConfig(6, 2, 2), TileConfig(6, 2, 6)),
 }
 # Scattered one-row patterns (unstructured, `scattered`), per vector width. 8 floats (AVX2): 72 searches over 5%,
