@@ -32,12 +32,16 @@ from sparta_explore.kernels.segment_codegen import sharing
 CANDIDATES = (TileConfig(4, 3, 6), TileConfig(4, 2, 4), TileConfig(2, 3, 6), TileConfig(4, 3, 3), TileConfig(2, 4, 8),
               TileConfig(6, 2, 6), TileConfig(4, 3, 6, panel=True), TileConfig(2, 4, 8, panel=True))
 # measured on BERT FFN shapes: 6x2 wins at M=4096 and for 768->3072, 2x4 for 3072->768 at M=128
-SEGMENT_CANDIDATES = (TileConfig(6, 2, 6, layout="segments"), TileConfig(2, 4, 8, layout="segments"))
+# segment-major (rows sharing panels, e.g. 1x32): 6x2x6 for many rows, 6x2x2 (an M tile of 2 vectors) for few. Zen 4,
+# 1x32 at 90%, 768 <-> 3072: at M = 128 6x2x2 took 0.42 / 0.49 ms against 0.55 / 0.55 for the searches' picks (AVX2
+# builds 0.43 / 0.51 against 0.59 / 0.88), at M = 4096 level with 6x2x6 (AVX2: 1.08-1.18x it); 2x4x8, the second
+# candidate before, was never the fastest there (up to 1.85x the best)
+SEGMENT_CANDIDATES = (TileConfig(6, 2, 6, layout="segments"), TileConfig(6, 2, 2, layout="segments"))
 MIN_SHARING = 2.0  # rows per (panel, pattern) below which the segment layout only adds spills
 TUNING_VERSION = 17  # 10: long runs and sharing capped; 11: shapes to half an octave; 12: split flat-loop sums;
 # 13: 16-float kernels pack X and unpack Y in 8 x 8 register blocks; 14: K panels fill L1, scattered sets per width;
 # 15: K-panel tilings on 16 floats apply their activation as a pass over rows; 16: one-word segments below 8 words;
-# 17: tall blocks on 8-row (AVX2: 6-row) tiles of 2 vectors
+# 17: tall blocks on 8-row (AVX2: 6-row) tiles of 2 vectors, segments' 6x2x2 for few rows
 
 
 # Blocks of 8 rows or more, per vector width. Zen 5, the old set (8x8 .. 32x32 at 90%, BERT shapes, with and
@@ -140,9 +144,10 @@ def candidates(kept: np.ndarray, block_rows: int = 1) -> tuple[TileConfig, ...]:
 def default_tile(kept: np.ndarray, block_rows: int, m: int | None = None) -> TileConfig:
     """The tiling to use without a search, for about `m` rows of input (None: unknown, taken as few).
 
-    One-row blocks whose rows share panels (1x32) go segment-major. Blocks of `BLOCK_ROWS_NARROW` rows or more
-    take the first of `block_candidates()` at any M: 8 rows over M tiles of 2 vectors (6 rows on 8 floats), 1.4-1.8x
-    faster than 4x3x3 for few rows and level with 6x2x6 for many (Zen 4, see `BLOCK_CANDIDATES`).
+    One-row blocks whose rows share panels (1x32) go segment-major (6x2x2 for few rows, else 6x2x6). Blocks of
+    `BLOCK_ROWS_NARROW` rows or more take the first of `block_candidates()` at any M: 8 rows over M tiles of 2
+    vectors (6 rows on 8 floats), 1.4-1.8x faster than 4x3x3 for few rows and level with 6x2x6 for many (Zen 4, see
+    `BLOCK_CANDIDATES`).
     Scattered patterns (unstructured) take 4x3x3 in L1-sized K panels for many rows on 16-float
     vectors (10% kept, BERT FFN shapes, Zen 5: 0.90-0.95x the time of 4x3x3 without panels at M = 1024 and 4096,
     within 1.03x of 4x2x2 in panels, which wins at M = 1024), else 4x2x4 (at 5-10% kept within 1.03x of the best at
@@ -161,7 +166,7 @@ def default_tile(kept: np.ndarray, block_rows: int, m: int | None = None) -> Til
         return TileConfig()
     share = sharing(kept)  # one-row blocks only: a pass over the mask
     if share >= MIN_SHARING:
-        return SEGMENT_CANDIDATES[0]
+        return SEGMENT_CANDIDATES[1] if few else SEGMENT_CANDIDATES[0]
     if scattered(kept, block_rows, share):
         offered = scattered_candidates()
         return offered[1] if not few and vector_width() == 16 else offered[0]

@@ -13,7 +13,7 @@ from .grids import pairwise
 from .test_sparse_linear import block_mask, check
 
 SEGMENT_TILES = [TileConfig(6, 2, 6, layout="segments"), TileConfig(2, 4, 8, layout="segments"),
-                 TileConfig(4, 3, 3, layout="segments")]
+                 TileConfig(4, 3, 3, layout="segments"), TileConfig(6, 2, 2, layout="segments")]
 
 
 SHAPES = [(96, 128), (70, 45), (20, 300)]  # ragged edges; K > N takes the panel-outer order
