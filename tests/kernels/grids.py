@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+_PARAM = type(pytest.param(None))  # what `pytest.param` returns
+
 
 def _pairs(combo: tuple) -> set[tuple]:
     return {(i, repr(combo[i]), j, repr(combo[j])) for i, j in itertools.combinations(range(len(combo)), 2)}
@@ -44,7 +46,8 @@ def pairwise(*axes: Sequence, spread: Sequence[int] = (), ids: Callable[[Any], s
     """`pytest.param`s over the product of `axes`: the `covering` set unmarked, every other combination `slow`.
 
     Values of the axes at the indices in `spread` are tuples of several arguments (as `parametrize("a, b", ...)`
-    would take them); `ids` names one value.
+    would take them); `ids` names one value. A value may be a `pytest.param` of one argument: its id names it and
+    its marks (e.g. a skip where the CPU lacks an instruction set) go on every case it is in.
 
     Example:
         >>> cases = pairwise([(32, 32), (1, 1)], [0.0, 1.0], [(8, 8), (5, 3)])
@@ -54,9 +57,13 @@ def pairwise(*axes: Sequence, spread: Sequence[int] = (), ids: Callable[[Any], s
     params = []
     chosen = covering(*axes)
     for combo in itertools.product(*axes):
-        args = []
+        args, marks, names = [], [] if combo in chosen else [pytest.mark.slow], []
         for i, value in enumerate(combo):
+            if isinstance(value, _PARAM):  # unwrapped: a param passed on as one argument was always truthy
+                (value,), marks, name = value.values, marks + list(value.marks), value.id or ids(value.values[0])
+            else:
+                name = ids(value)
             args.extend(value if i in spread else (value,))
-        marks = () if combo in chosen else (pytest.mark.slow,)
-        params.append(pytest.param(*args, marks=marks, id="-".join(ids(v) for v in combo)))
+            names.append(name)
+        params.append(pytest.param(*args, marks=marks, id="-".join(names)))
     return params

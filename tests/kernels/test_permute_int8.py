@@ -65,13 +65,10 @@ def test_steps_equal_the_loop_over_blocks_and_windows(shape, density):
 
 
 @pytest.mark.parametrize("emulate, shape, density", pairwise(
-    [True, False],  # plain values: pairwise makes the params (a pytest.param here became a truthy argument)
+    MODES,
     [(96, 128), (70, 45), (13, 300), (33, 64)],  # rows and k ragged to 16 and 64
-    [0.0, 0.1, 0.4, 1.0],  # all-zero weights ... a full window (16 steps)
-    ids=lambda v: {True: "emulated", False: "native"}.get(v, str(v)) if isinstance(v, bool) else str(v)))
+    [0.0, 0.1, 0.4, 1.0]))  # all-zero weights ... a full window (16 steps)
 def test_permute_kernel_matches_the_quantized_reference(tmp_path, emulate, shape, density):
-    if not emulate and not has_permute():
-        pytest.skip(f"needs {' and '.join(sorted(NEEDS))} (AVX-512 VBMI + VNNI)")
     n, k = shape
     layer = PermutedInt8Linear(torch.randn(n, k), torch.randn(n), block_mask(n, k, (1, 1), density, seed=n),
                                emulate_dot=emulate, cache_dir=tmp_path)
