@@ -49,13 +49,14 @@ def _gcc_once_per_source(tmp_path_factory):
     time, so a repeat takes a copy of the first build's library, source and record into the test's own folder:
     `build` still finds, records, checks (`library_problem`), evicts and loads it as after gcc.
     """
-    build = importlib.import_module("sparta_explore.kernels.build")
+    build = importlib.import_module("sparta_explore.kernels.build")  # the module: the package exports `build()`
     store = tmp_path_factory.mktemp("gcc-once")
     real = build._compile
     files = (lambda path: path, lambda path: path.with_suffix(".c"), build._record_path)
 
     def compile_once(source: str, name: str, flags: tuple[str, ...], folder: Path, path: Path) -> None:
         first = store / path.name
+        # no compiler: gcc's own path, and its error (a copy would hide a machine without gcc)
         if shutil.which(build.COMPILER) is None or not build._record_path(first).exists():
             real(source, name, flags, folder, path)
             _copy_all(files, path, first)
