@@ -24,7 +24,16 @@ from sparta_explore.activations import ACTIVATIONS
 from sparta_explore.kernels.c_templates import c_fill, c_text
 from sparta_explore.kernels.groups import R_MAX, Groups
 from sparta_explore.kernels.kernel_io import KernelIO
-from sparta_explore.kernels.panels import ONE_WORD, Panels, bucketed, by_length, cache_bytes, cut_panels, panel_rows
+from sparta_explore.kernels.panels import (
+    ONE_WORD,
+    Panels,
+    bucketed,
+    by_length,
+    cache_bytes,
+    cut_panels,
+    fp32_budget,
+    panel_rows,
+)
 from sparta_explore.kernels.pattern_data import KernelSource, PatternTables
 
 V = 3  # vectors of M per register tile (default)
@@ -367,7 +376,8 @@ def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, n
     depends on the shape, tiling and activation only; else they are baked in and `P` is unused.
     """
     tables, chunk_g0 = pattern_tables(groups, n_out, act)
-    panels = cut_panels(groups, n_in, panel_rows(4 * cfg.tile_vectors * vec) if cfg.panel else max(1, n_in), chunk_g0)
+    rows = panel_rows(4 * cfg.tile_vectors * vec, budget=fp32_budget()) if cfg.panel else max(1, n_in)
+    panels = cut_panels(groups, n_in, rows, chunk_g0)
     if io.one_word and int(panels.p_len.max(initial=1)) > 1:
         raise ValueError("this kernel I/O reads one k per piece: give it one-word segments (unit_segments)")
     word_order = None

@@ -63,7 +63,7 @@ def cache_bytes(level: int, cache_dir: Path = CPU_CACHE) -> int:
 
 
 def l1_budget() -> int:
-    """Bytes of packed X per panel: the whole L1 data cache.
+    """Bytes of packed X per int8 K panel: the whole L1 data cache (fp32 kernels: `fp32_budget`).
 
     Scattered rows touch a tenth of a panel's k rows each, and every panel costs each row a spill and reload of its
     accumulators, so fewer, larger panels win. Measured on a 48 KiB L1 (Zen 5, AVX-512, 90% unstructured, BERT FFN
@@ -72,6 +72,27 @@ def l1_budget() -> int:
     at 96. A 32 KiB L1 gets 32 KiB panels by the same rule (not measured there).
     """
     return cache_bytes(1)
+
+
+FP32_PANEL_MIN = 48 * 1024  # fp32 K panels hold at least this much packed X, whatever L1 holds (`fp32_budget`)
+
+
+def fp32_budget() -> int:
+    """Bytes of packed X per K panel of an fp32 kernel: L1, and never less than `FP32_PANEL_MIN`.
+
+    On a 32 KiB L1 a panel that fills it lost to one half again as large: the spills and reloads of a panel more
+    cost more than the x rows that fall out of L1 and come back from L2 (a row touches a tenth of a panel's rows).
+    Zen 4 (32 KiB L1, 90% unstructured, BERT FFN shapes, 4x3x3 tiles of 48 floats, in-process A/B): the fused FFN
+    at M = 4096 35.9 -> 33.9 ms with 256-row panels (48 KiB) against 170 (32 KiB), 768 -> 3072 20.9 -> 19.8 ms;
+    M = 1024 9.05 -> 8.60 ms; 64 KiB level with 48, 1 MiB (no panels) 39.6. On Zen 5's 48 KiB L1, 48 KiB was
+    the best (72 KiB 3% slower: see `l1_budget`), so the floor is a size, not a multiple of L1. int8 kernels keep
+    `l1_budget` (48 KiB measured no faster there).
+
+    Example:
+        >>> fp32_budget() >= max(l1_budget(), FP32_PANEL_MIN)
+        True
+    """
+    return max(l1_budget(), FP32_PANEL_MIN)
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from sparta_explore.kernels import Int8SparseLinear
+from sparta_explore.kernels import Int8SparseLinear, panels
 from sparta_explore.kernels import sparse_linear as sparse_linear_module
 from sparta_explore.kernels.build import cpu_flags
 from sparta_explore.kernels.groups import align_segments, plan_groups, unit_segments
 from sparta_explore.kernels.int8_codegen import panel_k_for
-from sparta_explore.kernels.panels import ONE_WORD, by_length, cache_bytes, cut_panels, panel_rows
+from sparta_explore.kernels.panels import ONE_WORD, by_length, cache_bytes, cut_panels, fp32_budget, panel_rows
 from sparta_explore.kernels.vnni_codegen import DOT_MODES
 
 from .grids import pairwise
@@ -104,6 +104,15 @@ def test_cache_sizes_are_read_from_sysfs_level_one_data_and_level_two(tmp_path):
     assert cache_bytes(1, tmp_path) == 48 * 1024
     assert cache_bytes(2, tmp_path) == 1024 * 1024
     assert panel_rows(192, budget=cache_bytes(1, tmp_path)) == 256
+
+
+@pytest.mark.parametrize("l1_kib, budget_kib", [(32, 48), (48, 48), (64, 64)])
+def test_fp32_panels_hold_at_least_the_floor_and_int8_panels_l1(monkeypatch, l1_kib, budget_kib):
+    monkeypatch.setattr(panels, "cache_bytes", lambda level: l1_kib * 1024)
+    assert panels.l1_budget() == l1_kib * 1024
+    assert fp32_budget() == budget_kib * 1024
+    # a 4x3x3 tile's 48 floats per k: 256 k rows on a 32 KiB L1 where the whole L1 gave 170
+    assert panel_rows(4 * 48, budget=fp32_budget()) == budget_kib * 1024 // 192
 
 
 def test_l1_size_without_sysfs_is_a_positive_default(tmp_path):

@@ -8,7 +8,7 @@ import torch
 
 from sparta_explore.activations import ACTIVATIONS
 from sparta_explore.kernels import SparseLinear, bsr_codegen, tuning
-from sparta_explore.kernels.panels import panel_rows
+from sparta_explore.kernels.panels import fp32_budget, panel_rows
 from sparta_explore.kernels.tuning import (
     BLOCK_CANDIDATES,
     CANDIDATES,
@@ -43,13 +43,13 @@ def test_every_scattered_candidate_is_correct_across_panels(tmp_path, monkeypatc
         monkeypatch.setattr(bsr_codegen, "cache_bytes", lambda level: 0)
     # K spans several L1 panels with a ragged last one; some rows keep nothing, some keep only zero weights, one
     # keeps a single k at a panel's edge: rows first and last in a panel, or in none
-    n, k = 37, 2 * panel_rows(4 * 2 * 16) + 13  # the widest panels of them (4x2x2, 16 floats): 3
+    n, k = 37, 2 * panel_rows(4 * 2 * 16, budget=fp32_budget()) + 13  # the widest panels of them (4x2x2): 3
     w, b = torch.randn(n, k), torch.randn(n)
     kept = block_mask(n, k, (1, 1), 0.1, seed=width)
     kept[3] = False
     w[5] = 0.0
     kept[7] = False
-    kept[7, panel_rows(4 * 3 * 16)] = True
+    kept[7, panel_rows(4 * 3 * 16, budget=fp32_budget())] = True
     names = list(ACTIVATIONS)
     for i, cfg in enumerate(SCATTERED_CANDIDATES[width]):
         # on 16 floats, K-panel tilings apply it as a pass over rows (`act_rows`); unless every_activation, each
