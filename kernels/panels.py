@@ -157,12 +157,16 @@ def cut_panels(groups: Groups, n_in: int, rows: int, chunk_g0: list[int], word: 
     owner = groups.owners()
     # every segment cut at panel boundaries: one piece per panel it crosses, in group then k order
     first_panel = groups.seg_k0 // rows
-    count = (groups.seg_k0 + groups.seg_len - 1) // rows - first_panel + 1
-    seg_of = np.repeat(np.arange(len(count)), count)
-    panel = first_panel[seg_of] + np.arange(seg_of.size) - np.repeat(_starts(count), count)
-    k0 = np.maximum(groups.seg_k0[seg_of], panel * rows)
-    length = np.minimum(groups.seg_k0[seg_of] + groups.seg_len[seg_of], (panel + 1) * rows) - k0
-    group = owner[seg_of]
+    last_panel = (groups.seg_k0 + groups.seg_len - 1) // rows
+    if np.array_equal(first_panel, last_panel):  # no segment crosses a panel edge (one-word pieces): each is a piece
+        panel, k0, length, group = first_panel, groups.seg_k0, groups.seg_len, owner
+    else:
+        count = last_panel - first_panel + 1
+        seg_of = np.repeat(np.arange(len(count)), count)
+        panel = first_panel[seg_of] + np.arange(seg_of.size) - np.repeat(_starts(count), count)
+        k0 = np.maximum(groups.seg_k0[seg_of], panel * rows)
+        length = np.minimum(groups.seg_k0[seg_of] + groups.seg_len[seg_of], (panel + 1) * rows) - k0
+        group = owner[seg_of]
     before = np.cumsum(length) - length  # k of every piece before this one
     # ... of its own group: pieces are in group order, so a group's first piece is where its number is first found
     done = before - np.append(before, 0)[np.searchsorted(group, np.arange(n_groups))][group]
