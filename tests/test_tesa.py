@@ -171,3 +171,18 @@ def test_bit_counts_are_computed_once_and_survive_pickling_and_copies():
     assert t._key_counts() is t._key_counts()  # kept: planning asks the same TeSA thousands of times
     for other in (pickle.loads(pickle.dumps(t)), copy.deepcopy(t), TeSA.dense((2, 3), bits=8)):
         assert other.kept_bits() == ([4, 8] if other == t else [8])
+
+
+@pytest.mark.parametrize("kind", ["one width", "mixed", "all pruned", "dense", "empty", "broadcast"])
+def test_bit_histogram_equals_counting_every_element(kind):
+    g = torch.Generator().manual_seed(3)
+    kept = torch.rand(37, 23, generator=g) > 0.6
+    bits = {"one width": kept * 8, "mixed": kept * torch.randint(1, 33, (37, 23), generator=g),
+            "all pruned": torch.zeros(37, 23, dtype=torch.long), "dense": torch.full((37, 23), 32),
+            "empty": torch.zeros(0, 5, dtype=torch.long), "broadcast": (kept[:1] * 4).expand(37, 23)}[kind]
+    t = TeSA(bits.to(torch.uint8))
+    expected = {}
+    for b in bits.flatten().tolist():
+        expected[b] = expected.get(b, 0) + 1
+    assert t.bit_histogram() == dict(sorted(expected.items()))
+    assert t.kept_bits() == sorted(b for b in expected if b)

@@ -5,7 +5,10 @@ is zeroed, the weight of every weight site whose kept elements are at 2..8 bits 
 its symmetric per-output-row grid (`fake_quant.fake_quantize_rows`; 1 bit on the 2-bit
 grid, as the planner runs it), and a linear whose input is also at <= 8 bits quantizes
 its input rows, a conv its input images (what the int8 kernels compute; `compile`
-tolerates rounding flips, 2e-2).
+tolerates rounding flips, 2e-2). That rounding is an `InputGrid` module called before the
+op, which stays the model's own: the reference's call is the dense model's work plus the
+rounding, so its call less the `InputGrid` calls' time stands in for a dense call (the
+guard's, `verify.ModelOutputs.dense_seconds`).
 
 Parameters the forward never reads are skipped and listed, not an error.
 
@@ -27,11 +30,12 @@ from torch import nn
 from sparta_explore.errors import TeSANameError
 from sparta_explore.fake_quant import INT_BITS, fake_quantize_rows
 from sparta_explore.graph import Graph
-from sparta_explore.kernels.dense import DenseConv2d, DenseLinear
+from sparta_explore.kernels.compiled_op import quantized_images, quantized_input
 from sparta_explore.masking import apply_table
+from sparta_explore.module_tree import set_module
 from sparta_explore.plan.bit_rounding import MIN_GRID_BITS
 from sparta_explore.plan.execution_plan import FP32 as FP32_BITS
-from sparta_explore.plan.sites import input_bits, replace_site, weight_sites
+from sparta_explore.plan.sites import WeightSite, input_bits, weight_sites
 from sparta_explore.tesa import TeSA
 from sparta_explore.tracing.copying import deep_copy
 
@@ -83,6 +87,37 @@ def has_grids(table: Mapping[str, TeSA]) -> bool:
     return any(weight_grid(t) is not None for t in table.values())
 
 
+GRIDS = "sparta_grids"  # where a reference's InputGrid modules are registered
+
+
+class InputGrid(nn.Module):
+    """Puts its input on the symmetric `bits` grid an int8 kernel reads: each row (a linear's input), or each
+    image (a conv's: `per_image`).
+
+    Example:
+        >>> InputGrid(2, per_image=False)(torch.tensor([[1.0, 0.3]])).tolist()
+        [[1.0, 0.0]]
+    """
+
+    def __init__(self, bits: int, per_image: bool) -> None:
+        super().__init__()
+        self.bits, self.per_image = int(bits), bool(per_image)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return quantized_images(x, self.bits) if self.per_image else quantized_input(x, self.bits)
+
+
+def _round_input(gm: fx.GraphModule, site: WeightSite, grid: InputGrid) -> None:
+    """Make `site`'s node read its input through `grid` (registered under `GRIDS`)."""
+    node = next(n for n in gm.graph.nodes if n.name == site.node)
+    if not hasattr(gm, GRIDS):
+        gm.add_module(GRIDS, nn.Module())
+    set_module(gm, f"{GRIDS}.{site.node}", grid)
+    with gm.graph.inserting_before(node):
+        rounded = gm.graph.call_module(f"{GRIDS}.{site.node}", (node.args[site.input_index],))
+    node.update_arg(site.input_index, rounded)
+
+
 def table_reference(graph: Graph, table: Mapping[str, TeSA], *, grids: bool = True
                     ) -> tuple[fx.GraphModule, list[str]]:
     """A copy of the captured module with `table`'s pruning (and weight grids) applied; and the unread names.
@@ -109,13 +144,8 @@ def table_reference(graph: Graph, table: Mapping[str, TeSA], *, grids: bool = Tr
             if act in INT_BITS:
                 int8_sites.append((site, act))
     for site, act in int8_sites:  # both at <= 8 bits: the input is quantized too (the int8 semantics)
-        op = site.as_module(module)
-        if isinstance(op, nn.Conv2d):
-            quantized = DenseConv2d(op, op.weight.detach(), torch.ones_like(op.weight, dtype=torch.bool),
-                                    act_bits=act)
-        else:
-            quantized = DenseLinear(op.weight.detach(), None if op.bias is None else op.bias.detach(), act_bits=act)
-        replace_site(module, site, quantized)
+        per_image = isinstance(site.as_module(module), nn.Conv2d)
+        _round_input(module, site, InputGrid(act, per_image))
     if int8_sites:
         module.graph.lint()
         module.recompile()

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from sparta_explore.compile.choose import CompileWarning, relative_error
+from sparta_explore.compile.table_reference import InputGrid
 from sparta_explore.graph import Graph
 from sparta_explore.plan import ExecutionPlan
 from sparta_explore.tracing.copying import deep_copy
@@ -68,15 +70,18 @@ class ModelOutputs:
         self.graph = graph
         # by id, with the module kept (its id stays unique): outputs and the seconds of that first call
         self._seen: dict[int, tuple[nn.Module, list[torch.Tensor], float]] = {}
+        self._rounding: dict[int, float] = {}  # by id: seconds of that call spent in its InputGrid modules
         self.labels: dict[str, nn.Module] = {}
 
     def of(self, module: nn.Module, label: str | None = None) -> list[torch.Tensor]:
         """The floating outputs of `module` on the graph's example inputs (`label` names it for `seconds`)."""
         if id(module) not in self._seen:
-            start = time.perf_counter()
-            with torch.inference_mode():
-                out = tensor_leaves(self.graph.run(module))
-            self._seen[id(module)] = (module, out, time.perf_counter() - start)
+            with _rounding_clock(module) as rounding:
+                start = time.perf_counter()
+                with torch.inference_mode():
+                    out = tensor_leaves(self.graph.run(module))
+                self._seen[id(module)] = (module, out, time.perf_counter() - start)
+            self._rounding[id(module)] = rounding[0]
         if label is not None:
             self.labels[label] = module
         return self._seen[id(module)][1]
@@ -94,9 +99,41 @@ class ModelOutputs:
         seen = self._seen.get(id(module)) if module is not None else None
         return None if seen is None else seen[2]
 
+    def dense_seconds(self, module: nn.Module) -> float | None:
+        """Seconds of the first call of `module` less the time its `InputGrid` modules took (None if it never ran
+        here): a table reference's call with its inputs' rounding taken out does the dense model's work.
+
+        Example:
+            >>> outputs.dense_seconds(reference) <= outputs.seconds(reference)  # doctest: +SKIP
+            True
+        """
+        seen = self.seconds(module)
+        return None if seen is None else max(0.0, seen - self._rounding.get(id(module), 0.0))
+
     def error(self, a: nn.Module, b: nn.Module) -> float:
         """The largest relative error between the outputs of `a` and `b`."""
         return max((relative_error(x.float(), y.float()) for x, y in zip(self.of(a), self.of(b))), default=0.0)
+
+
+@contextmanager
+def _rounding_clock(module: nn.Module) -> Iterator[list[float]]:
+    """Within the block, the seconds `module`'s `InputGrid` modules take, summed into the yielded list's item."""
+    total, started, handles = [0.0], [], []
+
+    def start(*_: Any) -> None:
+        started.append(time.perf_counter())
+
+    def stop(*_: Any) -> None:
+        total[0] += time.perf_counter() - started.pop()
+
+    for m in module.modules():
+        if isinstance(m, InputGrid):
+            handles += [m.register_forward_pre_hook(start), m.register_forward_hook(stop)]
+    try:
+        yield total
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def model_error(graph: Graph, a: nn.Module, b: nn.Module, outputs: ModelOutputs | None = None) -> float:
