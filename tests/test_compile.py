@@ -58,6 +58,38 @@ def test_the_compiled_model_holds_no_tensor_of_the_users_model(device, cache_dir
     assert torch.equal(cm(x), want)
 
 
+@pytest.mark.parametrize("further", [False, True], ids=["table", "pruned further"])
+def test_a_reference_handed_out_holds_no_tensor_of_the_users_model(device, cache_dir, monkeypatch, further):
+    # the references share the tensors the table leaves alone with the user's model while compile reads them
+    from sparta_explore.compile import pipeline
+
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(33, 64)
+    g = se.capture(model, (x,))
+    fc2 = torch.rand(64, 96) < 0.5
+    if further:
+        fc2[:, :40] = False  # columns nobody reads: propagation prunes fc1's rows, the input table is what counts
+    table = {"fc1.weight": se.TeSA.from_mask(torch.rand(96, 64) < 0.5), "fc2.weight": se.TeSA.from_mask(fc2)}
+    real = pipeline.verified_module
+
+    def check_failed(graph, gm, execution, compiled, references, *args, **kwargs):
+        _, rows = real(graph, gm, execution, compiled, references, *args, **kwargs)
+        return references[0][1], rows
+
+    monkeypatch.setattr(pipeline, "verified_module", check_failed)
+    cm = compile(g, se.run_propagation(g, table), device=device, cache_dir=cache_dir, tune=False, runs=1)
+    want = se.masked_copy(model, table)(x)
+    assert torch.allclose(cm(x), want, atol=1e-5)
+    users = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers(), *g.module.parameters())}
+    handed = {t.untyped_storage().data_ptr() for t in (*cm.parameters(), *cm.buffers())}
+    assert handed and not users & handed
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    assert torch.allclose(cm(x), want, atol=1e-5)
+
+
+
 def test_int8_weights_and_inputs_run_on_the_fake_quantized_grid(device, cache_dir):
     if 8 not in device.bits:
         pytest.skip("no int8 kernels on this machine")

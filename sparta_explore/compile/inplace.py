@@ -183,13 +183,14 @@ def compile_in_place(root: nn.Module, graph: Graph, table: Any, config: CompileC
     _own_names(root, usable)
     execution = offered(prepared.working, usable, prepared, plan)
     chosen = _choose(prepared.working, execution, root, config)
+    # built before the model is masked with the table, which may prune further than the input table
+    references = [("table", prepared.trusted)] + ([("input table", table_reference(graph, input_table)[0])]
+                                                  if input_table is not None else [])
     apply_table(root, usable)  # what stays the model's own computes the table's numbers too
     originals = {target: root.get_submodule(target) for target in chosen}
     for target, module in chosen.items():
         put_module(root, target, module)
     tol = tolerance([execution.ops[m.label] for m in chosen.values()])
-    references = [("table", prepared.trusted)] + ([("input table", table_reference(graph, input_table)[0])]
-                                                  if input_table is not None else [])
     rows, guard = [], None
     with kv_cache_off(root):
         for name, ref in references:

@@ -70,7 +70,7 @@ from sparta_explore.plan import ExecutionPlan, OpPlan
 from sparta_explore.plan.execution_plan import FP32, ORIGINAL
 from sparta_explore.plan.sites import replace_site
 from sparta_explore.tesa import TeSA
-from sparta_explore.tracing.copying import deep_copy
+from sparta_explore.tracing.copying import deep_copy, owning, tensor_ids
 
 __all__ = ["CompileConfig", "CompiledModel", "compile"]
 
@@ -155,7 +155,7 @@ def _checked(eager: nn.Module | None, trusted: nn.Module, tol: float, outputs: M
 
 
 def _fp32_error(graph: Graph, table: Mapping[str, TeSA], run: nn.Module) -> float:
-    return model_error(graph, run, table_reference(graph, table, grids=False)[0])
+    return model_error(graph, run, table_reference(graph, table, grids=False, share=True)[0])
 
 
 def _size_specialized(gm: nn.Module) -> bool:
@@ -240,7 +240,7 @@ def _compile(model: nn.Module | Graph, table: Any, example_inputs: Any, config: 
     if input_table is not None and same_references(graph, table, input_table):
         references.append(("input table", trusted))  # propagation changed no weight the example reads: one run
     elif input_table is not None:  # the pruner's own table is what must match; the one compile used only explains
-        references, explain = [("input table", table_reference(graph, input_table)[0])], references
+        references, explain = [("input table", table_reference(graph, input_table, share=True)[0])], references
     ops_reference = None
     if tol == TOLERANCE[FP32] and recorded.seconds is not None:  # the reference ops' output, from the recording run
         ops_reference = before_kernels
@@ -287,9 +287,11 @@ def _compile(model: nn.Module | Graph, table: Any, example_inputs: Any, config: 
         fp32_error = outputs.error(run, trusted)
     stages["checks"] += time.perf_counter() - t0
     size_guard = None
+    users = tensor_ids(graph.module, graph.root)  # the references share these: what is handed out copies them
     if run is not eager and run is not trusted and run is not checked and _size_specialized(run):
         fallback = eager if eager is not None else _eager_model(graph, usable, tol)
-        size_guard = _size_guard(graph, run, weakly_owned(_checked(fallback, checked, tol, outputs)))
+        size_guard = _size_guard(graph, run, weakly_owned(owning(_checked(fallback, checked, tol, outputs), users)))
+    run = owning(run, users)
     kept = CompileRecord(graph=graph, table=usable, input_table=input_table,
                          example=(tuple(graph.call_args), dict(graph.call_kwargs)), tolerance=tol)
     total = time.perf_counter() - start

@@ -36,7 +36,7 @@ from sparta_explore.masking import apply_table
 from sparta_explore.plan import ExecutionPlan
 from sparta_explore.plan import plan as make_plan
 from sparta_explore.tesa import TeSA
-from sparta_explore.tracing.copying import deep_copy, tree_copy
+from sparta_explore.tracing.copying import deep_copy, tensor_ids, tree_copy
 
 
 @dataclass(frozen=True)
@@ -69,13 +69,16 @@ def prepare(graph: Graph, table: Any, config: CompileConfig, plan: ExecutionPlan
         warn_compiler_missing()
         kernels = frozenset({"dense", "shrink"})
     device = config.device or DeviceProfile.load_or_measure(cache_dir=config.cache_dir)
-    trusted, unread = table_reference(graph, table)
+    # it shares the tensors the table leaves alone with the user's model: only read here, copied if handed out
+    trusted, unread = table_reference(graph, table, share=True)
     usable, _ = split_unread(graph, graph.module, table)
     if plan is None:  # after the names are checked: a table naming nothing of the model is an error, no warning
         warn_if_dense(table)
-    # without grids the reference is the masked copy the kernels are chosen on: share its tensors (no pass or
-    # kernel edits one in place); with grids it holds weights on their grids, and the working copy keeps floats
-    gm = apply_table(deep_copy(graph.module), usable) if has_grids(table) else tree_copy(trusted)
+    # without grids the reference is the masked copy the kernels are chosen on: share its masked tensors (no pass
+    # or kernel edits one in place) and copy the user's (the compiled model owns its tensors); with grids it holds
+    # weights on their grids, and the working copy keeps floats
+    gm = apply_table(deep_copy(graph.module), usable) if has_grids(table) else \
+        tree_copy(trusted, cloned=tensor_ids(graph.module, graph.root))
     # masking changes values, not shapes: the working graph keeps the captured one's description (no model run)
     return Prepared(table, input_table, usable, unread, trusted, kernels, device, relabelled(graph, gm))
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import TypeVar
+from collections.abc import Collection, Mapping
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -41,8 +42,9 @@ def deep_copy(obj: T) -> T:
         return copy.deepcopy(obj)
 
 
-def tree_copy(module: T) -> T:
-    """A `deep_copy` of `module`'s module tree (and fx graph) that shares every parameter and buffer with it.
+def tree_copy(module: T, *, cloned: Collection[int] = (), replaced: Mapping[int, Any] | None = None) -> T:
+    """A `deep_copy` of `module`'s module tree (and fx graph) that shares every parameter and buffer with it, but
+    those whose `id` is in `cloned` (copied) or a key of `replaced` (its value stands in their place).
 
     For a second model over the same values that nothing edits in place (a BERT-base's tensors are 440 MB).
 
@@ -52,9 +54,46 @@ def tree_copy(module: T) -> T:
         >>> b = tree_copy(a)
         >>> b is not a and b[0] is not a[0] and b[0].weight is a[0].weight
         True
+        >>> tree_copy(a, cloned={id(a[0].bias)})[0].bias is a[0].bias
+        False
     """
-    named = (*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False))
-    memo = {id(t): t for _, t in named}
+    memo = dict(replaced or {})
+    for _, t in (*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)):
+        if id(t) not in memo:
+            memo[id(t)] = copy.deepcopy(t) if id(t) in cloned else t
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=LEAF_SPEC_WARNING, category=FutureWarning)
         return copy.deepcopy(module, memo)
+
+
+def tensor_ids(*modules: Any) -> set[int]:
+    """The ids of every parameter and buffer of `modules` (nn.Modules).
+
+    Example:
+        >>> import torch
+        >>> len(tensor_ids(torch.nn.Linear(2, 3)))
+        2
+    """
+    return {id(t) for m in modules
+            for _, t in (*m.named_parameters(remove_duplicate=False), *m.named_buffers(remove_duplicate=False))}
+
+
+def owning(module: T, shared: Collection[int]) -> T:
+    """`module` with each parameter or buffer whose id is in `shared` replaced, in place, by a copy (tied ones stay
+    tied); returns `module`. What a compile returns never shares a tensor with the user's model.
+
+    Example:
+        >>> import torch
+        >>> a = torch.nn.Linear(2, 3); b = tree_copy(a)
+        >>> owning(b, tensor_ids(a)).weight is a.weight
+        False
+    """
+    copies: dict[int, Any] = {}
+    for m in module.modules():
+        for table in (m._parameters, m._buffers):
+            for name, t in table.items():
+                if t is not None and id(t) in shared:
+                    if id(t) not in copies:
+                        copies[id(t)] = copy.deepcopy(t)
+                    table[name] = copies[id(t)]
+    return module
