@@ -155,15 +155,20 @@ class Graph:
 class _ShapeRecorder(fx.Interpreter):
     """Runs the graph once, recording each node's output shape; failures name the node."""
 
-    def __init__(self, gm: fx.GraphModule) -> None:
+    def __init__(self, gm: fx.GraphModule, stand_ins: Any = None) -> None:
         super().__init__(gm)
         self.values: dict[str, Any] = {}
-
+        self.stand_ins = stand_ins  # `tracing.stand_ins.StandIns`: nodes a rewrite left alone do not run
         self.current: fx.Node | None = None
 
     def run_node(self, n: fx.Node) -> Any:
         self.current = n
-        out = super().run_node(n)
+        out = self.stand_ins.value(n) if self.stand_ins is not None else None
+        stood_in = out is not None
+        if not stood_in:
+            out = super().run_node(n)
+        if self.stand_ins is not None:
+            self.stand_ins.record(n, out, stood_in)
         self.values[n.name] = out
         return out
 
@@ -263,12 +268,15 @@ def capture(model: nn.Module | fx.GraphModule | torch.export.ExportedProgram, ex
                          call_kwargs=dict(call_kw), method=used, notes=() if note is None else (note,))
 
 
-def _fake_run(gm: fx.GraphModule, flat: tuple) -> _ShapeRecorder | None:
+def _fake_run(gm: fx.GraphModule, flat: tuple, before: Graph | None = None) -> _ShapeRecorder | None:
     """`gm` run on fake tensors shaped like `flat` (shapes and sizes, no arithmetic: BERT-base in a third of a real
-    run's second), or None when an op cannot run so (its result depends on values)."""
+    run's second), or None when an op cannot run so (its result depends on values). `before`: the graph `gm`
+    rewrites, whose nodes the rewrite left alone keep their shapes without running (`tracing.stand_ins`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    recorder = _ShapeRecorder(gm)
+    from sparta_explore.tracing.stand_ins import StandIns
+
+    recorder = _ShapeRecorder(gm, StandIns(before, gm) if before is not None else None)
     mode = FakeTensorMode(allow_non_fake_inputs=True)  # the parameters stay real: fake mode reads their shapes
     try:
         with mode, torch.no_grad():
@@ -279,14 +287,16 @@ def _fake_run(gm: fx.GraphModule, flat: tuple) -> _ShapeRecorder | None:
 
 
 def _describe(gm: fx.GraphModule, root: nn.Module, *, source: nn.Module, flat: tuple, call_args: tuple,
-              call_kwargs: dict, method: str, notes: tuple[str, ...] = (), fake: bool = False) -> Graph:
+              call_kwargs: dict, method: str, notes: tuple[str, ...] = (), fake: bool = False,
+              before: Graph | None = None) -> Graph:
     """Run `gm` once on `flat` (eval mode, no grad) and record every tensor's shape: the `Graph` of `gm`.
-    `fake`: on fake tensors where every op can (`_fake_run`), for shapes of a model captured for real before."""
+    `fake`: on fake tensors where every op can (`_fake_run`), for shapes of a model captured for real before
+    (`before`, where `gm` rewrites that graph's module)."""
     from sparta_explore.tracing.inputs import set_mode
 
     was_training = set_mode(root, False)
     try:
-        recorder = _fake_run(gm, flat) if fake else None
+        recorder = _fake_run(gm, flat, before) if fake else None
         if recorder is None:
             recorder = _ShapeRecorder(gm)
             with torch.no_grad():
@@ -358,13 +368,14 @@ def rewritten(graph: Graph, gm: fx.GraphModule) -> Graph:
 
     A graph pass returns this: the calling convention, example inputs and capture method stay
     `graph`'s; tensor names and shapes are `gm`'s own (its parameters name themselves). Shapes come
-    from a run on fake tensors where every op can run so (no arithmetic), else from a real run.
+    from a run on fake tensors where every op can run so (no arithmetic; the nodes the rewrite left
+    alone keep their shapes without running, `tracing.stand_ins`), else from a real run.
 
     Example:
         >>> g2 = rewritten(g, fx.GraphModule(g.module, g.module.graph))  # doctest: +SKIP
     """
     return _describe(gm, gm, source=gm, flat=graph.example_inputs, call_args=graph.call_args,
-                     call_kwargs=graph.call_kwargs, method=graph.method, notes=graph.notes, fake=True)
+                     call_kwargs=graph.call_kwargs, method=graph.method, notes=graph.notes, fake=True, before=graph)
 
 
 def _is_constant(value: Any) -> bool:

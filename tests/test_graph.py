@@ -129,11 +129,14 @@ def test_rewritten_graphs_record_the_shapes_a_real_run_does(name):
     from sparta_explore.graph import _describe, rewritten
 
     g = capture(build_model(name).eval(), example_inputs(name))
-    fake = rewritten(g, g.module)
-    real = _describe(g.module, g.module, source=g.module, flat=g.example_inputs, call_args=g.call_args,
-                     call_kwargs=g.call_kwargs, method=g.method)
+    describe = dict(source=g.module, flat=g.example_inputs, call_args=g.call_args, call_kwargs=g.call_kwargs,
+                    method=g.method)
+    fake = _describe(g.module, g.module, fake=True, **describe)
+    real = _describe(g.module, g.module, **describe)
     assert fake.tensors == real.tensors and fake.constants == real.constants
     assert fake.tuple_shapes == real.tuple_shapes
+    same = rewritten(g, g.module)  # nothing rewritten: every node stands in for itself
+    assert same.tensors == real.tensors and same.constants == real.constants
 
 
 class _Holder(nn.Module):

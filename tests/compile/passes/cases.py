@@ -15,7 +15,7 @@ from torch import nn
 
 import sparta_explore as se
 from sparta_explore.compile.table_reference import split_unread
-from sparta_explore.graph import Graph, rewritten
+from sparta_explore.graph import Graph, _describe, rewritten
 
 
 def masked_graph(model: nn.Module, table, x: tuple, *, propagate: bool = True, **capture) -> tuple[Graph, dict]:
@@ -42,6 +42,15 @@ def assert_same_outputs(before: Graph, after: Graph, x: tuple, *, rtol: float = 
             want, got = before.module(*inputs), after.module(*inputs)
             err = float((got - want).abs().max() / (1 + want.abs().max()))
             assert err <= rtol, f"pass changed the output by {err:.2e} (draw {seed})"
+    assert_described_anew(after)
+
+
+def assert_described_anew(after: Graph) -> None:
+    """`after`'s shapes (nodes a pass left alone stood in for themselves) are what a whole fake run records."""
+    whole = _describe(after.module, after.module, source=after.module, flat=after.example_inputs,
+                      call_args=after.call_args, call_kwargs=after.call_kwargs, method=after.method, fake=True)
+    assert after.tensors == whole.tensors and after.constants == whole.constants
+    assert after.tuple_shapes == whole.tuple_shapes
 
 
 def randomize_norms(model: nn.Module, seed: int = 0) -> nn.Module:
