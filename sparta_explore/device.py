@@ -215,9 +215,9 @@ def fastest_ms(fns: dict, x: torch.Tensor, rounds: int, settle: bool = False) ->
     matters) stops after `SETTLE_ROUNDS` rounds when even the winner's slowest run beat every
     other's fastest by `SETTLE_MARGIN`: more rounds only lower the others' minimums by what
     their own noise allows (a dense candidate 4x slower than its sparse kernel, a fused pair).
-    A lone function in a race is timed `SETTLE_ROUNDS` rounds: there is nothing to beat, its time
-    only checks the prediction it was chosen by (BERT-base, 72 ops that each build one near
-    candidate: 0.4 of 0.8 s of compile's timing).
+    A lone function in a race is timed one round after its warm-up: there is nothing to beat, its
+    time only checks the prediction it was chosen by (BERT-base, 72 ops that each build one near
+    candidate: 0.4 of 0.8 s of compile's timing at `SETTLE_ROUNDS` rounds).
 
     Example:
         >>> sorted(fastest_ms({"a": torch.relu, "b": torch.tanh}, torch.ones(4), rounds=3))
@@ -225,7 +225,7 @@ def fastest_ms(fns: dict, x: torch.Tensor, rounds: int, settle: bool = False) ->
     """
     for fn in fns.values():
         fn(x)
-    first = min(rounds, SETTLE_ROUNDS) if settle else rounds
+    first = min(rounds, SETTLE_ROUNDS if len(fns) > 1 else 1) if settle else rounds
     times = interleaved_ms(list(fns.values()), first, (x,))
     if first < rounds and not _parted(times):
         times = [a + b for a, b in zip(times, interleaved_ms(list(fns.values()), rounds - first, (x,)))]

@@ -201,9 +201,10 @@ def test_chained_linears_fuse_where_the_pair_is_faster(device, cache_dir, monkey
         torch.testing.assert_close(cm(x), want, rtol=0, atol=atol)
 
 
-def _other_tiles(device, monkeypatch, faster: str, timings: list | None = None) -> dict:
-    """fc1 (GELU) and fc2 tiled apart, as if each op's tile search chose its own; the pair timing says `faster`
-    (each call appended to `timings`). Returns the tiles by activation."""
+def _other_tiles(device, monkeypatch, faster: str, records, timings: list | None = None) -> dict:
+    """fc1 (GELU) and fc2 tiled apart, as if each op's tile search chose its own (unless told a tiling); the pair
+    timing says `faster` (each call appended to `timings`); pair verdicts are remembered in the folder `records`.
+    Returns the tiles by activation."""
     if 32 not in device.bits or not device.blocks:
         pytest.skip("no fp32 kernels on this machine")
     from sparta_explore.kernels.bsr_codegen import TileConfig
@@ -211,8 +212,9 @@ def _other_tiles(device, monkeypatch, faster: str, timings: list | None = None) 
     monkeypatch.setattr("sparta_explore.kernels.fused_ffn.FusedPair.whole_tiles", 0)
     tiles = {"gelu": TileConfig(rows=4, vectors=2, single_vectors=2), "none": TileConfig(rows=4, vectors=3,
                                                                                          single_vectors=3)}
-    monkeypatch.setattr("sparta_explore.compile.lowering._tile",
-                        lambda mask, rows, activation, ctx: {"tile": tiles[activation], "tile_searched": True})
+    monkeypatch.setattr("sparta_explore.compile.lowering._tile", lambda mask, rows, activation, ctx: {
+        "tile": ctx.tile or tiles[activation], "tile_searched": True})
+    monkeypatch.setattr("sparta_explore.compile.pair_tiles._path", lambda cache_dir, key: records / f"{key}.json")
     monkeypatch.setattr("sparta_explore.compile.choose._timed",
                         lambda op, fns, x, runs: {name: 2.0 if name == "dense" else 1.0 for name in fns})
 
@@ -226,8 +228,8 @@ def _other_tiles(device, monkeypatch, faster: str, timings: list | None = None) 
 
 
 @pytest.mark.parametrize("faster", ["fused", "apart"])
-def test_fp32_pairs_of_other_tiles_are_retiled_and_timed(device, cache_dir, monkeypatch, faster):
-    tiles = _other_tiles(device, monkeypatch, faster)
+def test_fp32_pairs_of_other_tiles_are_retiled_and_timed(device, cache_dir, monkeypatch, faster, tmp_path):
+    tiles = _other_tiles(device, monkeypatch, faster, tmp_path)
     model = nn.Sequential(nn.Linear(64, 192), nn.GELU(), nn.Linear(192, 48)).eval()
     x = torch.randn(100, 64)
     kept = _pair_masks(model, "sparse")
@@ -249,9 +251,9 @@ def test_fp32_pairs_of_other_tiles_are_retiled_and_timed(device, cache_dir, monk
 
 
 @pytest.mark.parametrize("faster", ["fused", "apart"])
-def test_timed_pairs_of_one_class_share_one_timing(device, cache_dir, monkeypatch, faster):
+def test_timed_pairs_of_one_class_share_one_timing(device, cache_dir, monkeypatch, faster, tmp_path):
     timings = []
-    _other_tiles(device, monkeypatch, faster, timings)
+    _other_tiles(device, monkeypatch, faster, tmp_path, timings)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 192), nn.GELU(), nn.Linear(192, 64),
                           nn.Linear(64, 192), nn.GELU(), nn.Linear(192, 64)).eval()  # two FFN blocks pruned alike
@@ -269,6 +271,34 @@ def test_timed_pairs_of_one_class_share_one_timing(device, cache_dir, monkeypatc
         for i in (0, 2, 3, 5):
             want = nn.functional.linear(want, model[i].weight * kept[f"{i}.weight"], model[i].bias)
             want = nn.functional.gelu(want) if i in (0, 3) else want
+        torch.testing.assert_close(cm(x), want, rtol=1e-5, atol=1e-5 * (1 + float(want.abs().max())))
+
+
+
+@pytest.mark.parametrize("faster", ["fused", "apart"])
+def test_a_later_compile_builds_the_second_op_as_the_remembered_pair_timing_says(
+        device, cache_dir, monkeypatch, faster, tmp_path):
+    timings = []
+    tiles = _other_tiles(device, monkeypatch, faster, tmp_path, timings)
+    model = nn.Sequential(nn.Linear(64, 192), nn.GELU(), nn.Linear(192, 48)).eval()
+    x = torch.randn(100, 64)
+    kept = _pair_masks(model, "sparse")
+    table = se.TeSATable({name: se.TeSA.from_mask(k) for name, k in kept.items()})
+    compile(model, table, (x,), device=device, cache_dir=cache_dir, kernels={"sparse"}, guard=False)
+    assert len(timings) == 1 and len(list(tmp_path.iterdir())) == 1  # timed once, and remembered
+    cm = compile(model, table, (x,), device=device, cache_dir=cache_dir, kernels={"sparse"}, guard=False)
+    assert len(timings) == 1  # the earlier compile's verdict holds: no pair timed again
+    first, second = (" ".join(cm.plan.ops[op].notes) for op in ("_0", "_2"))
+    pairs = [m for m in cm.module.modules() if type(m).__name__ == "FusedFp32Pair"]
+    if faster == "fused":  # built in fc1's tiling from the start: fused without a rebuild or a timing
+        assert "built in '_0''s tiling" in second and len(pairs) == 1 and pairs[0].second.tile == tiles["gelu"]
+        assert "not timed" in first
+    else:
+        assert "built in" not in second and not pairs and "earlier compile" in first
+    with torch.no_grad():
+        want = nn.functional.linear(model[1](nn.functional.linear(x, model[0].weight * kept["0.weight"],
+                                                                  model[0].bias)),
+                                    model[2].weight * kept["2.weight"], model[2].bias)
         torch.testing.assert_close(cm(x), want, rtol=1e-5, atol=1e-5 * (1 + float(want.abs().max())))
 
 

@@ -31,6 +31,7 @@ import torch.fx as fx
 from torch import nn
 
 from sparta_explore.cache import content_key
+from sparta_explore.compile.pair_tiles import recall, remember, retile_key
 from sparta_explore.device import fastest_ms
 from sparta_explore.kernels.build import KernelBuildError
 from sparta_explore.kernels.fused_ffn import PAIRS, fused_pair, why_not_fusable
@@ -54,6 +55,32 @@ def _chained(calls: Mapping[str, fx.Node], first: OpPlan, by_node: Mapping[str, 
     if second is None or user.op != "call_module" or second.site.layout != OUT_IN or user.args[:1] != (node,):
         return None
     return node, second
+
+
+def chains(gm: fx.GraphModule, planned: list[OpPlan]) -> dict[str, str]:
+    """Before the activations are fused: each planned op reading, alone, the output of another planned op (or of
+    the activation that op fuses): op -> that first op (the pairs `fuse_pairs` will meet).
+
+    Example:
+        >>> chains(gm, list(plan.ops.values()))  # doctest: +SKIP
+        {'fc2': 'fc1'}
+    """
+    by_node = {op.op: op for op in planned}
+    calls = {n.target: n for n in gm.graph.nodes if n.op == "call_module"}
+    sole = lambda node: next(iter(node.users)) if node is not None and len(node.users) == 1 else None  # noqa: E731
+    out = {}
+    for first in planned:
+        if first.site.module_target is None or first.site.layout != OUT_IN:
+            continue
+        value = calls.get(first.site.module_target)
+        reader = sole(value)
+        if reader is not None and reader.name == first.activation_node:
+            value, reader = reader, sole(reader)
+        second = by_node.get(reader.name) if reader is not None else None
+        if second is not None and reader.op == "call_module" and second.site.layout == OUT_IN \
+                and reader.args[:1] == (value,):
+            out[second.op] = first.op
+    return out
 
 
 def _timed_kind(a: nn.Module, retile: str | None) -> bool:
@@ -100,10 +127,15 @@ def fuse_pairs(gm: fx.GraphModule, planned: list[OpPlan], compiled: dict[str, nn
             continue
         x = op_inputs[first.op]
         rows = x.numel() // max(1, a.in_features)
-        verdict = None
+        verdict, key = None, None
         if _timed_kind(a, retile):
             pair_class = _pair_class(a, b, rows)
             verdict = timed.get(pair_class)
+            if retile is not None:  # a retiled pair's verdict outlives the compile (`pair_tiles.py`)
+                key = retile_key(a, b.kept.numpy(), b.block_rows, b.activation, rows)
+                remembered = recall(cache_dir, key) if verdict is None else None
+                if remembered is not None:
+                    verdict = timed[pair_class] = (remembered[0], f"as timed by an earlier compile ({remembered[1]})")
             if verdict is not None and not verdict[0]:
                 first.notes.append(f"fusion with {second.op!r} kept apart: {verdict[1]}")
                 continue
@@ -127,6 +159,8 @@ def fuse_pairs(gm: fx.GraphModule, planned: list[OpPlan], compiled: dict[str, nn
             said = f"apart {times['apart']:.3f} ms, fused {times['fused']:.3f} ms" + (retile or "")
             faster = times["fused"] < times["apart"]
             timed[pair_class] = (faster, f"as timed for {first.op!r}'s pair of the same class ({said})")
+            if key is not None:
+                remember(cache_dir, key, faster, said)
             if not faster:
                 first.notes.append(f"fusion with {second.op!r} measured slower ({said}): kept apart")
                 continue

@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 
 from sparta_explore.fake_quant import fake_quantize_rows
+from sparta_explore.kernels.bsr_codegen import TileConfig
 from sparta_explore.kernels.conv_geometry import ConvGeometry
 from sparta_explore.kernels.dense import DenseConv2d, DenseLinear, ShrunkConv2d, SummedParts
 from sparta_explore.kernels.groups import shared_rows
@@ -39,7 +41,8 @@ class LowerContext:
     `in_shape` is the shape of the op's input in the captured run, when known: convolutions
     bake their input size into an implicit-GEMM kernel. `tune` runs the tile search (cached per
     pattern class); `searched_tiles` takes the tiling a search already found for the class, if
-    any, and times nothing (a later layer or trial of the class is built tuned the first time).
+    any, and times nothing (a later layer or trial of the class is built tuned the first time);
+    `tile_for` builds one candidate in a given tiling (the op it fuses with: `pair_tiles.py`).
     """
 
     module: nn.Module
@@ -49,11 +52,15 @@ class LowerContext:
     tune: bool
     in_shape: tuple[int, ...] | None = None
     searched_tiles: bool = False
+    tile_for: tuple[str, TileConfig] | None = None  # (candidate name, tiling): that candidate is built so tiled
+    tile: TileConfig | None = None  # set by `lower` from `tile_for` for the candidate it names
 
 
 def _tile(mask: torch.Tensor, block_rows: int, activation: str, ctx: LowerContext) -> dict:
-    """The tiling keywords of one sparse sub-operator: "auto" (search now), the class's search result, or the
-    default tiling."""
+    """The tiling keywords of one sparse sub-operator: the one given (`ctx.tile`: the tiling of the op it will
+    fuse with), "auto" (search now), the class's search result, or the default tiling."""
+    if ctx.tile is not None:
+        return {"tile": ctx.tile, "tile_searched": True}
     if ctx.tune:
         return {"tile": "auto"}
     kept = mask.cpu().numpy().astype(bool)
@@ -100,6 +107,8 @@ def lower(candidate: Candidate, ctx: LowerContext) -> nn.Module:
         >>> lower(plan_.ops["fc1"].candidate("sparse"), LowerContext(fc1, "relu", 128, None, False))  # doctest: +SKIP
     """
     kind = _linear_kind(ctx.module)
+    tile = ctx.tile_for[1] if ctx.tile_for is not None and ctx.tile_for[0] == candidate.name else None
+    ctx = dataclasses.replace(ctx, tile=tile, tile_for=None)
     bias = None if ctx.module.bias is None else ctx.module.bias.detach().float()
     if len(candidate.parts) == 1:
         sub = candidate.parts[0]

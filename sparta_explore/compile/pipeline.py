@@ -49,9 +49,10 @@ from sparta_explore.compile.config import CompileConfig
 from sparta_explore.compile.epilogue import fuse_epilogues
 from sparta_explore.compile.guard import guarded
 from sparta_explore.compile.inplace import check_not_compiled, compile_in_place
-from sparta_explore.compile.kernel_pairs import fuse_pairs
+from sparta_explore.compile.kernel_pairs import chains, fuse_pairs
 from sparta_explore.compile.lowering import LowerContext
 from sparta_explore.compile.memory import collecting_temporaries, weakly_owned
+from sparta_explore.compile.pair_tiles import first_tiling
 from sparta_explore.compile.passes.base import PassOptions
 from sparta_explore.compile.passes.constant_channels import SIZE_SPECIALIZED
 from sparta_explore.compile.passes.graph_edit import editable
@@ -98,6 +99,8 @@ def _choose_all(working: Graph, execution: ExecutionPlan, config: CompileConfig,
     Adds its own stages' seconds to `stages` (the ops keep theirs in `OpPlan.seconds`)."""
     planned = list(execution.ops.values())
     compiled: dict[str, nn.Module] = {}
+    fusing = config.fuse and config.runs_pass("fuse_pairs") and config.choose == "measured"
+    first_of = chains(working.module, planned) if fusing else {}
     for op in planned:
         if op.site.module_target is not None and len(working.module_nodes(op.site.module_target)) > 1:
             op.fell_back("module called more than once: left as is")
@@ -107,8 +110,12 @@ def _choose_all(working: Graph, execution: ExecutionPlan, config: CompileConfig,
         if _channels_last(module):  # the memory_format pass chose NHWC: kernels reading NCHW would reorder
             op.candidates = [c for c in op.candidates if all(p.kernel in ("dense", "shrink") for p in c.parts)]
             op.notes.append("channels-last model: NCHW conv kernels not offered")
+        first = first_of.get(op.op)
+        tile = first_tiling(compiled[first], op, op_inputs[first], config.cache_dir) if first in compiled else None
+        if tile is not None:
+            op.notes.append(f"sparse built in {first!r}'s tiling: pairs of this class measured faster fused so")
         ctx = LowerContext(module, op.activation, op.m, config.cache_dir, tune=False, searched_tiles=config.tune,
-                           in_shape=tuple(op_inputs[op.op].shape))
+                           in_shape=tuple(op_inputs[op.op].shape), tile_for=None if tile is None else ("sparse", tile))
         mode, tune = config.choose, config.tune
         if time.perf_counter() > deadline and (mode, tune) != ("predicted", False):
             mode, tune = "predicted", False
@@ -125,7 +132,7 @@ def _choose_all(working: Graph, execution: ExecutionPlan, config: CompileConfig,
     for op in planned:
         if op.op in compiled:
             _swap(working.module, op, compiled[op.op])
-    if config.fuse and config.runs_pass("fuse_pairs") and config.choose == "measured":
+    if fusing:
         t0 = time.perf_counter()
         fuse_pairs(working.module, planned, compiled, op_inputs, config.runs, config.cache_dir)
         stages["kernel passes"] = time.perf_counter() - t0
