@@ -247,7 +247,8 @@ def _compile(model: nn.Module | Graph, table: Any, example_inputs: Any, config: 
     if input_table is not None and same_references(graph, table, input_table):
         references.append(("input table", trusted))  # propagation changed no weight the example reads: one run
     elif input_table is not None:  # the pruner's own table is what must match; the one compile used only explains
-        references, explain = [("input table", table_reference(graph, input_table, share=True)[0])], references
+        given = table_reference(graph, input_table, share=True, like=(trusted, table))[0]
+        references, explain = [("input table", given)], references
     ops_reference = None
     if tol == TOLERANCE[FP32] and recorded.seconds is not None:  # the reference ops' output, from the recording run
         ops_reference = before_kernels

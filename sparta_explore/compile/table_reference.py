@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +28,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from sparta_explore.compact import equal
 from sparta_explore.errors import TeSANameError
 from sparta_explore.fake_quant import INT_BITS, fake_quantize_rows
 from sparta_explore.graph import Graph
@@ -118,38 +120,54 @@ def _round_input(gm: fx.GraphModule, site: WeightSite, grid: InputGrid) -> None:
     node.update_arg(site.input_index, rounded)
 
 
-def _masked_tree_copy(gm: fx.GraphModule, usable: Mapping[str, TeSA]) -> fx.GraphModule:
-    """A tree copy of `gm` whose tensors `usable` names are new, masked; every other tensor is `gm`'s own."""
+def _masked_tree_copy(gm: fx.GraphModule, usable: Mapping[str, TeSA],
+                      like: tuple[nn.Module, Mapping[str, TeSA]] | None) -> tuple[fx.GraphModule, set[int]]:
+    """A tree copy of `gm` whose tensors `usable` names are new, masked (or, where `like`'s table marks one alike,
+    `like`'s reference's own: the ids returned), and every other tensor is `gm`'s own."""
     tensors = dict(gm.named_parameters(remove_duplicate=False)) | dict(gm.named_buffers(remove_duplicate=False))
+    theirs = {} if like is None else \
+        dict(like[0].named_parameters(remove_duplicate=False)) | dict(like[0].named_buffers(remove_duplicate=False))
+    named = Counter(id(tensors[n]) for n in usable if n in tensors)
     fresh: dict[int, torch.Tensor] = {}
+    borrowed: set[int] = set()  # ids of `like`'s tensors taken: never edited here
     with torch.no_grad():
         for name, tesa in usable.items():
             t = tensors.get(name)
             if t is None:  # an activation's entry
                 continue
             tesa.check_fits(t.shape, name)
+            other = like[1].get(name) if like is not None else None
+            if named[id(t)] == 1 and name in theirs and other is not None and equal(other._key, tesa._key):
+                fresh[id(t)] = theirs[name]  # masked and on its grid alike there (BERT-base 32x32: 49 of 72)
+                borrowed.add(id(theirs[name]))
+                continue
             pruned = tesa.pruned.to(t.device).expand(t.shape)
             if id(t) in fresh:  # a tied tensor named twice: both masks hold
                 fresh[id(t)].masked_fill_(pruned, 0)
             else:  # one pass that copies and masks (a deep copy then masking in place is two)
                 data = t.detach().masked_fill(pruned, 0)
                 fresh[id(t)] = nn.Parameter(data, t.requires_grad) if isinstance(t, nn.Parameter) else data
-    return tree_copy(gm, replaced=fresh)
+    return tree_copy(gm, replaced=fresh), borrowed
 
 
-def table_reference(graph: Graph, table: Mapping[str, TeSA], *, grids: bool = True, share: bool = False
-                    ) -> tuple[fx.GraphModule, list[str]]:
+def table_reference(graph: Graph, table: Mapping[str, TeSA], *, grids: bool = True, share: bool = False,
+                    like: tuple[nn.Module, Mapping[str, TeSA]] | None = None) -> tuple[fx.GraphModule, list[str]]:
     """A copy of the captured module with `table`'s pruning (and weight grids) applied; and the unread names.
 
     `share`: the tensors the table leaves alone stay the captured model's own (BERT-base: a third of a second
     less than copying them all); for a reference that is only read while nothing edits the model, and handed
-    out only through `tracing.copying.owning`.
+    out only through `tracing.copying.owning`. `like` (with `share` and `grids`): (a reference this function
+    built from another table with `share` and `grids`, that table): a tensor both tables mark alike is that
+    reference's own, not masked again (the input table's reference beside the table's).
 
     Example:
         >>> ref, unread = table_reference(graph, table)   # doctest: +SKIP
     """
     usable, unread = split_unread(graph, graph.module, table)
-    module = _masked_tree_copy(graph.module, usable) if share else apply_table(deep_copy(graph.module), usable)
+    if share:
+        module, borrowed = _masked_tree_copy(graph.module, usable, like if grids else None)
+    else:
+        module, borrowed = apply_table(deep_copy(graph.module), usable), set()
     by_canonical = {graph.canonical(n): t for n, t in usable.items()} if grids else {}
     int8_sites = []
     with torch.no_grad():
@@ -159,9 +177,10 @@ def table_reference(graph: Graph, table: Mapping[str, TeSA], *, grids: bool = Tr
             if grid is None:
                 continue
             weight = module.get_parameter(site.weight)
-            quantized = fake_quantize_rows(site.weight_2d(weight.detach().float()), grid)
-            restored = quantized.t() if site.layout == "in_out" else quantized
-            weight.copy_(restored.reshape(weight.shape).to(weight.dtype))
+            if id(weight) not in borrowed:  # a borrowed weight is on this grid already
+                quantized = fake_quantize_rows(site.weight_2d(weight.detach().float()), grid)
+                restored = quantized.t() if site.layout == "in_out" else quantized
+                weight.copy_(restored.reshape(weight.shape).to(weight.dtype))
             act = input_bits(graph, table, site)
             if act in INT_BITS:
                 int8_sites.append((site, act))

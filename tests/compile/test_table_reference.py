@@ -73,3 +73,26 @@ def test_dense_seconds_take_the_rounding_out_of_a_reference_call():
     outputs.of(plain)
     assert outputs.dense_seconds(plain) == outputs.seconds(plain)
     assert outputs.dense_seconds(nn.Identity()) is None
+
+
+def test_a_reference_like_another_takes_the_tensors_both_tables_mark_alike_and_computes_its_own_table():
+    torch.manual_seed(1)
+    model, x = ConvThenLinear().eval(), torch.randn(3, 3, 5, 5)
+    g = se.capture(model, (x,))
+    kept = torch.rand(7, 100) > 0.5
+    further = kept & (torch.rand(7, 100) > 0.3)
+    conv = se.TeSA.from_mask(torch.rand(4, 3, 3, 3) > 0.4, bits=8)
+    table = {"conv.weight": conv, "fc.weight": se.TeSA.from_mask(further, bits=8),
+             g.inputs[0]: se.TeSA.dense((1, 3, 5, 5), bits=8)}
+    given = {"conv.weight": se.TeSA(conv.bits.clone()), "fc.weight": se.TeSA.from_mask(kept, bits=8),
+             g.inputs[0]: se.TeSA.dense((1, 3, 5, 5), bits=8)}
+    other, _ = table_reference(g, table, share=True)
+    before = {n: t.clone() for n, t in other.state_dict().items()}
+    ref, _ = table_reference(g, given, share=True, like=(other, table))
+    alone, _ = table_reference(g, given)
+    assert ref.get_parameter("conv.weight") is other.get_parameter("conv.weight")  # marked alike: taken
+    assert ref.get_parameter("fc.weight") is not other.get_parameter("fc.weight")
+    assert all(torch.equal(before[n], t) for n, t in other.state_dict().items())  # nothing edited in place
+    with torch.no_grad():
+        assert torch.equal(g.run(ref), g.run(alone))
+        assert not torch.equal(g.run(ref), g.run(other))
