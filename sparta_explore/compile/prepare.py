@@ -43,7 +43,8 @@ from sparta_explore.tracing.copying import deep_copy, tensor_ids, tree_copy
 class Prepared:
     """The start of a compile: `table` (what compile uses) and `input_table` (where propagation started, or
     None), `usable` (its entries the captured graph holds), `unread` (parameters the forward never reads),
-    `trusted` (the captured graph masked with `table`), `kernels` (the families that may run here, None: all),
+    `trusted` (the captured graph masked with `table`; the tensors it leaves alone are the user's: handed out
+    only through `tracing.copying.owning`), `kernels` (the families that may run here, None: all),
     `device` (the profile plans are predicted with) and `working` (a masked copy of the captured graph)."""
 
     table: Mapping[str, TeSA]
