@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from sparta_explore import fake_quant
 from sparta_explore.activations import ACTIVATIONS
+from sparta_explore.compact import count_true
 from sparta_explore.fake_quant import qmax, quantized_linear
 from sparta_explore.kernels import output_pool
 from sparta_explore.kernels.bsr_codegen import ROWS_IO, KernelIO, TileConfig
@@ -79,7 +80,7 @@ class KernelLinear(CompiledOp):
         masked = (weight.detach() * kept).float().contiguous()
         self.register_buffer("weight", masked)
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
-        self.density = float(kept.float().mean())
+        self.density = count_true(kept) / max(1, kept.numel())  # no float copy of the mask (9 MB a BERT weight)
         kept_np = kept.cpu().numpy().astype(bool)
         # the pattern (one bit per weight, not a buffer: no weight bytes counted) and where kernels are cached:
         # what `rebuilt` needs to generate the op again for another machine

@@ -19,6 +19,7 @@ import torch.fx as fx
 from torch import nn
 
 from sparta_explore.activations import ACTIVATIONS
+from sparta_explore.compact import count_true
 from sparta_explore.device import DeviceProfile
 from sparta_explore.graph import Graph
 from sparta_explore.plan.bit_rounding import MIN_GRID_BITS, floor_bits
@@ -95,7 +96,7 @@ def plan(graph: Graph, table: Mapping[str, TeSA], device: DeviceProfile | None =
         candidates = CANDIDATES.get(site.kind)(info, device)
         ops[node.name] = OpPlan(
             op=node.name, target=site.module_target or "", kind=site.kind, weight=site.weight,
-            shape=tuple(graph.tensors[site.weight].shape), m=info.m, density=float(kept.float().mean()),
+            shape=tuple(graph.tensors[site.weight].shape), m=info.m, density=count_true(kept) / max(1, kept.numel()),
             weight_bits=max(tesa.kept_bits(), default=0), act_bits=act_bits, activation=activation,
             activation_node=act_node, candidates=candidates, dense_predicted_ms=candidates[0].predicted_ms,
             notes=[f"weights below {MIN_GRID_BITS} bits run on the {MIN_GRID_BITS}-bit grid"] if raised else [],
