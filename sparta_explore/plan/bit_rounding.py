@@ -72,20 +72,23 @@ class BitOption:
     grid: dict[int, int] = field(hash=False)
 
 
-def bit_options(bits: torch.Tensor, widths: Sequence[int]) -> list[BitOption]:
-    """'uniform' (all kept at the widest rounded width) and, when widths differ, 'split'.
+def bit_options(bits: torch.Tensor, widths: Sequence[int], *, kept: torch.Tensor | None = None,
+                span: tuple[int, int] | None = None) -> list[BitOption]:
+    """'uniform' (all kept at the widest rounded width) and, when widths differ, 'split'. `kept` (`bits > 0`) and
+    `span` (the narrowest and widest kept bits), where the caller knows them, save passes over `bits`.
 
     Example:
         >>> [o.name for o in bit_options(torch.full((2, 2), 8, dtype=torch.uint8), (8, 32))]
         ['uniform']
     """
-    kept = bits > 0
-    if not bool(any_true(kept)):
+    kept = bits > 0 if kept is None else kept
+    if span is None and not bool(any_true(kept)):
         top = max(int(w) for w in widths)
         return [BitOption("uniform", {top: kept}, {top: top})]
     # the narrowest and widest kept bits decide whether widths differ: a few byte passes, where rounding every
     # element and sorting the kept ones was a third of planning a w8a8 BERT-base
-    low, high = int(torch.where(kept, bits, torch.iinfo(bits.dtype).max).min()), int(bits.max())
+    low, high = span if span is not None else \
+        (int(torch.where(kept, bits, torch.iinfo(bits.dtype).max).min()), int(bits.max()))
     edges = round_bits(torch.tensor([low, high], dtype=bits.dtype), widths).tolist()
     options = [BitOption("uniform", {edges[1]: kept}, {edges[1]: high})]
     if edges[0] != edges[1]:

@@ -75,8 +75,10 @@ def _expand(tiles: torch.Tensor, block: Block, shape: torch.Size) -> torch.Tenso
     return tiles.repeat_interleave(h, 0).repeat_interleave(w, 1)[: shape[0], : shape[1]]
 
 
-def weighted_block_cover(kept: torch.Tensor, costs: Mapping[Block, float], *, eps: float = 0.25) -> Cover:
-    """Greedy weighted block cover of `kept` (bool, 2-D) with per-block `costs`; (1, 1) must be offered.
+def weighted_block_cover(kept: torch.Tensor, costs: Mapping[Block, float], *, eps: float = 0.25,
+                         counts: Mapping[Block, torch.Tensor] | None = None) -> Cover:
+    """Greedy weighted block cover of `kept` (bool, 2-D) with per-block `costs`; (1, 1) must be offered. `counts`:
+    `tile_counts` of `kept` made already (each shape's first count, before anything is covered).
 
     Example:
         >>> c = weighted_block_cover(torch.eye(4, dtype=torch.bool), {(1, 1): 1.0, (4, 4): 10.0})
@@ -96,6 +98,7 @@ def weighted_block_cover(kept: torch.Tensor, costs: Mapping[Block, float], *, ep
     chosen: dict[Block, torch.Tensor] = {}  # shape -> bool tile grid of taken blocks
     parts_mask: dict[Block, torch.Tensor] = {}
     shapes = [b for b in costs if b != (1, 1)]
+    first = dict(counts or {})  # valid while nothing is covered: dropped once anything is
     # per shape, the fullest tile when last counted: covering only ever lowers counts, so it bounds every later
     # count, and a round whose threshold cannot take that tile takes nothing of this shape (no recount needed)
     fullest = {b: b[0] * b[1] for b in shapes}
@@ -106,7 +109,7 @@ def weighted_block_cover(kept: torch.Tensor, costs: Mapping[Block, float], *, ep
         for b in sorted(shapes, key=lambda s: costs[s] / (s[0] * s[1])):
             if costs[b] > fullest[b] * min(threshold, unit):
                 continue
-            counts = tile_counts(uncovered, b)
+            counts = first[b] if b in first else first.setdefault(b, tile_counts(uncovered, b))
             fullest[b] = int(counts.max())
             if fullest[b] * unit < costs[b]:
                 # no tile holds enough to beat single elements, and covering only ever lowers the counts:
@@ -121,6 +124,7 @@ def weighted_block_cover(kept: torch.Tensor, costs: Mapping[Block, float], *, ep
             parts_mask[b] = region if b not in parts_mask else parts_mask[b] | region
             uncovered &= ~region
             left -= count_true(region)
+            first.clear()
         threshold *= 1 + eps
     parts = [CoverPart(b, count_true(chosen[b]), parts_mask[b]) for b in sorted(parts_mask, key=lambda s: -s[0] * s[1])]
     if left:
@@ -129,13 +133,17 @@ def weighted_block_cover(kept: torch.Tensor, costs: Mapping[Block, float], *, ep
     return Cover(tuple(parts), cost)
 
 
-def single_shape_cover(kept: torch.Tensor, block: Block, cost: float) -> Cover:
-    """Cover with one shape only: every tile holding a kept element is one block.
+def single_shape_cover(kept: torch.Tensor, block: Block, cost: float, counts: torch.Tensor | None = None) -> Cover:
+    """Cover with one shape only: every tile holding a kept element is one block (`counts`: `tile_counts(kept,
+    block)` when made already).
 
     Example:
         >>> single_shape_cover(torch.eye(4, dtype=torch.bool), (2, 2), 3.0).cost
         6.0
     """
     # 1x1 tiles are the elements: their count, not a 64-bit copy of the mask to count (2 of 7 ms a BERT weight)
-    n = count_true(kept) if tuple(block) == (1, 1) else count_true(tile_counts(kept, block) > 0)
+    if tuple(block) == (1, 1):
+        n = count_true(kept)
+    else:
+        n = count_true((tile_counts(kept, block) if counts is None else counts) > 0)
     return Cover((CoverPart(block, n, kept.clone()),) if n else (), n * float(cost))

@@ -21,7 +21,7 @@ import torch
 from sparta_explore.compact import any_true
 from sparta_explore.device import INT8, DeviceProfile
 from sparta_explore.plan.bit_rounding import BitOption, bit_options
-from sparta_explore.plan.block_cover import Cover, single_shape_cover, weighted_block_cover
+from sparta_explore.plan.block_cover import Cover, single_shape_cover, tile_counts, weighted_block_cover
 from sparta_explore.plan.execution_plan import FP32, Candidate, SubOp
 from sparta_explore.registry import Registry
 
@@ -41,6 +41,7 @@ class OpInfo:
     act_bits: int
     groups: int = 1
     int8_kernels: bool = True  # whether an int8 kernel can run the op (int8 convs: stride 1 only)
+    span: tuple[int, int] | None = None  # (narrowest, widest) kept bits when known (the TeSA's histogram)
 
     @property
     def out_features(self) -> int:
@@ -108,8 +109,8 @@ def _cover_costs(device: DeviceProfile, bits: int) -> dict[tuple[int, int], floa
     return {b: device.block_ns(bits, b) for b in device.blocks}
 
 
-def _best_single(mask: torch.Tensor, costs: dict[tuple[int, int], float]) -> Cover:
-    return min((single_shape_cover(mask, b, c) for b, c in costs.items()), key=lambda cv: cv.cost)
+def _best_single(mask: torch.Tensor, costs: dict[tuple[int, int], float], counts: dict) -> Cover:
+    return min((single_shape_cover(mask, b, c, counts.get(b)) for b, c in costs.items()), key=lambda cv: cv.cost)
 
 
 def _sub_ops(cover: Cover, kernel: str, weight_bits: int, act_bits: int) -> list[SubOp]:
@@ -126,7 +127,7 @@ def sparse_candidates(info: OpInfo, device: DeviceProfile) -> list[Candidate]:
         return out
     overhead = device.op_overhead_us / 1e3
     int8_ok = INT8 in device.bits and info.act_bits <= INT8 and info.int8_kernels
-    for option in bit_options(info.bits, device.bits):
+    for option in bit_options(info.bits, device.bits, kept=info.kept.contiguous(), span=info.span):
         if option.name == "split" and not int8_ok:
             continue  # without int8 activations every part runs in fp32: splitting only adds a pass
         single, covered = [], []
@@ -136,8 +137,9 @@ def sparse_candidates(info: OpInfo, device: DeviceProfile) -> list[Candidate]:
             kernel, w_grid = ("int8", option.grid[width]) if run_int8 else ("sparse", _fp32_grid(option, width))
             a_grid = info.act_bits if run_int8 else FP32
             costs = _cover_costs(device, INT8 if run_int8 else FP32)
-            best = _best_single(mask, costs)
-            cover = weighted_block_cover(mask, costs)
+            counts = {b: tile_counts(mask, b) for b in costs if b != (1, 1)}  # both covers count each shape first
+            best = _best_single(mask, costs, counts)
+            cover = weighted_block_cover(mask, costs, counts=counts)
             single += _sub_ops(best, kernel, w_grid, a_grid)
             covered += _sub_ops(cover, kernel, w_grid, a_grid)
             cost_single += best.cost

@@ -86,12 +86,15 @@ def plan(graph: Graph, table: Mapping[str, TeSA], device: DeviceProfile | None =
         tesa.check_fits(graph.tensors[site.weight].shape, site.weight)
         kept = site.weight_2d(tesa.kept)
         out_features = kept.shape[0]
-        bits, raised = floor_bits(site.weight_2d(tesa.bits))
+        widths = tesa.kept_bits()  # from the TeSA's kept histogram: no pass over the bits where nothing is raised
+        bits, raised = floor_bits(site.weight_2d(tesa.bits)) if widths and widths[0] < MIN_GRID_BITS else \
+            (site.weight_2d(tesa.bits), False)
+        span = (max(widths[0], MIN_GRID_BITS), max(widths[-1], MIN_GRID_BITS)) if widths else None
         module = graph.module.get_submodule(site.module_target) if site.module_target else None
         groups = getattr(module, "groups", 1)
         int8_kernels = not isinstance(module, nn.Conv2d) or module.stride == (1, 1)  # int8 convs: shifted windows
         info = OpInfo(node.name, site.kind, kept, bits, _rows(graph, node, out_features), act_bits, groups,
-                      int8_kernels)
+                      int8_kernels, span)
         activation, act_node = _fusable(graph, node) if site.kind == "linear" else ("none", None)
         candidates = CANDIDATES.get(site.kind)(info, device)
         ops[node.name] = OpPlan(

@@ -59,3 +59,17 @@ def test_options_equal_rounding_every_element(widths, seed):
     want = _options_by_rounding_every_element(bits, widths)
     assert [(n, sorted(p), gr) for n, p, gr in got] == [(n, sorted(p), gr) for n, p, gr in want]
     assert all(torch.equal(p[w], q[w]) for (_, p, _), (_, q, _) in zip(got, want) for w in p)
+
+
+def test_what_the_caller_knows_gives_the_options_a_pass_over_the_bits_does():
+    g = torch.Generator().manual_seed(0)
+    for bits in (torch.randint(0, 9, (16, 24), generator=g, dtype=torch.uint8),
+                 torch.where(torch.rand(16, 24, generator=g) > 0.5, 32, 0).to(torch.uint8),
+                 torch.where(torch.rand(16, 24, generator=g) > 0.5, 4, 8).to(torch.uint8)):
+        kept = bits > 0
+        span = (int(bits[kept].min()), int(bits[kept].max()))
+        for widths in ((8, 32), (4, 8, 32), (32,)):
+            told = bit_options(bits, widths, kept=kept, span=span)
+            found = bit_options(bits, widths)
+            assert [(o.name, o.grid, {w: m.tolist() for w, m in o.parts.items()}) for o in told] == \
+                [(o.name, o.grid, {w: m.tolist() for w, m in o.parts.items()}) for o in found]

@@ -113,3 +113,16 @@ def test_skipping_recounts_takes_exactly_what_recounting_every_round_takes(costs
         ones = [p.mask for p in cover.parts if p.block == (1, 1)]
         assert torch.equal(ones[0] if ones else torch.zeros_like(kept), left)
         assert_partition(cover, kept)
+
+
+def test_counts_made_already_change_no_cover():
+    g = torch.Generator().manual_seed(5)
+    costs = {**COSTS, (8, 8): 20.0}  # rounds that cover 8x8 blocks first, then recount the rest
+    blocks = (torch.rand(6, 5, generator=g) > 0.6).repeat_interleave(8, 0).repeat_interleave(8, 1)
+    for kept in (blocks | (torch.rand(48, 40, generator=g) > 0.93), torch.rand(37, 29, generator=g) > 0.8):
+        counts = {b: tile_counts(kept, b) for b in costs if b != (1, 1)}
+        told, found = weighted_block_cover(kept, costs, counts=counts), weighted_block_cover(kept, costs)
+        assert told.describe() == found.describe() and told.cost == found.cost
+        assert all(torch.equal(a.mask, b.mask) for a, b in zip(told.parts, found.parts))
+        for b, c in costs.items():
+            assert single_shape_cover(kept, b, c, counts.get(b)).cost == single_shape_cover(kept, b, c).cost
