@@ -66,18 +66,20 @@ class KernelLinear(CompiledOp):
     `tile="auto"` searches the tiling (cached per pattern class); `tile_searched=True` says a
     given tile is that search's result (compile passes it; no tune step follows). A kernel
     built with its pattern as data reads it through `pattern_address` (None when baked).
+    `zeroed=True`: `weight` is zero wherever `kept` is False already, and is held as it is (no copy).
     """
 
     kind = "kernel"
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kept: torch.Tensor, *, block_rows: int = 1,
                  activation: str = "none", cache_dir: str | os.PathLike | None = None, check: bool = True,
-                 tile: TileConfig | str = TileConfig(), expected_m: int = 1024, tile_searched: bool = False) -> None:
+                 tile: TileConfig | str = TileConfig(), expected_m: int = 1024, tile_searched: bool = False,
+                 zeroed: bool = False) -> None:
         super().__init__()
         check_linear_args(weight, kept, activation)
         self.out_features, self.in_features = weight.shape
         self.activation = activation
-        masked = (weight.detach() * kept).float().contiguous()
+        masked = (weight.detach() if zeroed else weight.detach() * kept).float().contiguous()
         self.register_buffer("weight", masked)
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         self.density = count_true(kept) / max(1, kept.numel())  # no float copy of the mask (9 MB a BERT weight)
@@ -148,7 +150,7 @@ class KernelLinear(CompiledOp):
         """The constructor arguments that generate this op again (tile and fusion as chosen, no search)."""
         return (self.weight, self.bias, self.kept), {"block_rows": self.block_rows, "activation": self.activation,
                                                      "cache_dir": cache_dir, "tile": self.tile,
-                                                     "expected_m": self.expected_m}
+                                                     "expected_m": self.expected_m, "zeroed": True}
 
     def rebuilt(self, cache_dir: str | os.PathLike | None = None, **changes: object) -> KernelLinear:
         """The same op generated and built again for this machine (a saved model loaded where the ISA differs),

@@ -54,6 +54,8 @@ class LowerContext:
     searched_tiles: bool = False
     tile_for: tuple[str, TileConfig] | None = None  # (candidate name, tiling): that candidate is built so tiled
     tile: TileConfig | None = None  # set by `lower` from `tile_for` for the candidate it names
+    masked: bool = False  # `module`'s weight is zero wherever the op's TeSA prunes (compile's working copy)
+    whole: bool = False  # set by `lower`: the candidate is one part (its mask is the op's whole kept mask)
 
 
 def _tile(mask: torch.Tensor, block_rows: int, activation: str, ctx: LowerContext) -> dict:
@@ -108,7 +110,7 @@ def lower(candidate: Candidate, ctx: LowerContext) -> nn.Module:
     """
     kind = _linear_kind(ctx.module)
     tile = ctx.tile_for[1] if ctx.tile_for is not None and ctx.tile_for[0] == candidate.name else None
-    ctx = dataclasses.replace(ctx, tile=tile, tile_for=None)
+    ctx = dataclasses.replace(ctx, tile=tile, tile_for=None, whole=len(candidate.parts) == 1)
     bias = None if ctx.module.bias is None else ctx.module.bias.detach().float()
     if len(candidate.parts) == 1:
         sub = candidate.parts[0]
@@ -137,8 +139,11 @@ def _block_rows(mask: torch.Tensor, sub: SubOp) -> int:
 @register_builder("sparse", "linear")
 def _sparse_linear(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Module:
     rows = _block_rows(sub.mask, sub)
-    return SparseLinear(part_weight(ctx.module, sub), bias, sub.mask, block_rows=rows, activation=activation,
-                        cache_dir=ctx.cache_dir, expected_m=ctx.m, **_tile(sub.mask, rows, activation, ctx))
+    # the working copy's weight, masked already, held by the kernel as it is: no two 9 MB copies per BERT FFN op
+    zeroed = ctx.masked and ctx.whole and sub.weight_bits >= FP32
+    weight = ctx.module.weight.detach() if zeroed else part_weight(ctx.module, sub)
+    return SparseLinear(weight, bias, sub.mask, block_rows=rows, activation=activation, cache_dir=ctx.cache_dir,
+                        expected_m=ctx.m, zeroed=zeroed, **_tile(sub.mask, rows, activation, ctx))
 
 
 @register_builder("int8", "linear")

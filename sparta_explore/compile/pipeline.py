@@ -115,7 +115,8 @@ def _choose_all(working: Graph, execution: ExecutionPlan, config: CompileConfig,
         if tile is not None:
             op.notes.append(f"sparse built in {first!r}'s tiling: pairs of this class measured faster fused so")
         ctx = LowerContext(module, op.activation, op.m, config.cache_dir, tune=False, searched_tiles=config.tune,
-                           in_shape=tuple(op_inputs[op.op].shape), tile_for=None if tile is None else ("sparse", tile))
+                           in_shape=tuple(op_inputs[op.op].shape), tile_for=None if tile is None else ("sparse", tile),
+                           masked=True)
         mode, tune = config.choose, config.tune
         if time.perf_counter() > deadline and (mode, tune) != ("predicted", False):
             mode, tune = "predicted", False

@@ -197,3 +197,14 @@ def test_fused_activation_is_exact_to_float_rounding_over_its_range(tmp_path, ac
         got = lin(x)
     want = getattr(F, activation)(x.double()).float()
     assert float(((got - want).abs() / (1 + x.abs())).max()) < 5e-7  # a few float steps
+
+
+def test_a_weight_zeroed_already_is_held_as_it_is_and_computes_the_same(cache_dir):
+    g = torch.Generator().manual_seed(11)
+    kept = torch.rand(37, 70, generator=g) > 0.8
+    masked = torch.randn(37, 70, generator=g) * kept
+    held = SparseLinear(masked, None, kept, cache_dir=cache_dir, zeroed=True)
+    copied = SparseLinear(masked, None, kept, cache_dir=cache_dir)
+    assert held.weight.data_ptr() == masked.data_ptr() and copied.weight.data_ptr() != masked.data_ptr()
+    x = torch.randn(21, 70, generator=g)
+    assert torch.equal(held(x), copied(x)) and held.rebuilt(cache_dir).weight.data_ptr() == masked.data_ptr()
