@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 
@@ -32,6 +33,7 @@ from torch import nn
 
 from sparta_explore.cache import content_key
 from sparta_explore.compile.pair_tiles import recall, remember, retile_key
+from sparta_explore.compile.recorded_inputs import OpInputs
 from sparta_explore.device import fastest_ms
 from sparta_explore.kernels.build import KernelBuildError
 from sparta_explore.kernels.fused_ffn import PAIRS, fused_pair, why_not_fusable
@@ -107,7 +109,7 @@ def _pair_class(a: nn.Module, b: nn.Module, rows: int) -> str:
 
 
 def fuse_pairs(gm: fx.GraphModule, planned: list[OpPlan], compiled: dict[str, nn.Module],
-               op_inputs: Mapping[str, torch.Tensor], runs: int, cache_dir: str | os.PathLike | None) -> None:
+               op_inputs: OpInputs, runs: int, cache_dir: str | os.PathLike | None) -> None:
     """Fuse, in `gm` and `compiled`, every chained kernel pair that runs faster fused (see the module docstring)."""
     by_node = {op.op: op for op in planned if op.op in compiled}
     calls = {n.target: n for n in gm.graph.nodes if n.op == "call_module"}
@@ -125,8 +127,7 @@ def fuse_pairs(gm: fx.GraphModule, planned: list[OpPlan], compiled: dict[str, nn
         retile = _retile(a, b)
         if why_not_fusable(a, b) is not None and retile is None:
             continue
-        x = op_inputs[first.op]
-        rows = x.numel() // max(1, a.in_features)
+        rows = math.prod(op_inputs.shape(first.op)) // max(1, a.in_features)
         verdict, key = None, None
         if _timed_kind(a, retile):
             pair_class = _pair_class(a, b, rows)
@@ -155,7 +156,8 @@ def fuse_pairs(gm: fx.GraphModule, planned: list[OpPlan], compiled: dict[str, nn
             said = verdict[1]
         else:
             with torch.inference_mode():
-                times = fastest_ms({"apart": nn.Sequential(a, b), "fused": fused}, x, runs, settle=True)
+                times = fastest_ms({"apart": nn.Sequential(a, b), "fused": fused}, op_inputs[first.op], runs,
+                                   settle=True)
             said = f"apart {times['apart']:.3f} ms, fused {times['fused']:.3f} ms" + (retile or "")
             faster = times["fused"] < times["apart"]
             timed[pair_class] = (faster, f"as timed for {first.op!r}'s pair of the same class ({said})")

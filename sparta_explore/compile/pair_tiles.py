@@ -17,11 +17,12 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import torch
 from torch import nn
 
 from sparta_explore.cache import content_key, resolve_cache_dir
@@ -79,19 +80,19 @@ def recall(cache_dir: str | os.PathLike | None, key: str) -> tuple[bool, str] | 
         return None  # torn or foreign: the pair is timed again and the record rewritten
 
 
-def first_tiling(first: nn.Module | None, second: OpPlan, x: torch.Tensor, cache_dir: str | os.PathLike | None
-                 ) -> TileConfig | None:
-    """`first`'s tiling, when `second` (the op reading `first`'s output; `x` is `first`'s input) would be an fp32
-    `SparseLinear` whose pair with `first` was timed faster fused in its first's tiling by an earlier compile;
-    else None.
+def first_tiling(first: nn.Module | None, second: OpPlan, in_shape: Sequence[int],
+                 cache_dir: str | os.PathLike | None) -> TileConfig | None:
+    """`first`'s tiling, when `second` (the op reading `first`'s output; `in_shape`: `first`'s input's shape) would
+    be an fp32 `SparseLinear` whose pair with `first` was timed faster fused in its first's tiling by an earlier
+    compile; else None.
 
     Example:
-        >>> first_tiling(compiled["fc1"], plan.ops["fc2"], inputs["fc1"], cache_dir)  # doctest: +SKIP
+        >>> first_tiling(compiled["fc1"], plan.ops["fc2"], (8, 128, 768), cache_dir)  # doctest: +SKIP
         TileConfig(...)
     """
     if type(first) is not SparseLinear or first._fn is None:
         return None
-    rows = x.numel() // max(1, first.in_features)
+    rows = math.prod(in_shape) // max(1, first.in_features)
     sparse = next((c for c in second.candidates if c.name == "sparse"), None)
     if sparse is None or len(sparse.parts) != 1 or sparse.parts[0].kernel != "sparse" \
             or sparse.parts[0].weight_bits != FP32 or first.out_features != sparse.parts[0].mask.shape[1]:

@@ -59,7 +59,7 @@ from sparta_explore.compile.passes.graph_edit import editable
 from sparta_explore.compile.passes.pipeline import PassReport, run_passes
 from sparta_explore.compile.prepare import offered, prepare
 from sparta_explore.compile.record import CompileRecord
-from sparta_explore.compile.recorded_inputs import record_run
+from sparta_explore.compile.recorded_inputs import OpInputs, record_run
 from sparta_explore.compile.same_references import same_references
 from sparta_explore.compile.table_reference import has_grids, table_reference
 from sparta_explore.compile.timing import OUT_OF_RACE
@@ -91,7 +91,7 @@ def _pass_frame(reports: list[PassReport], kernel_rows: list[dict]) -> pd.DataFr
     return pd.DataFrame(rows + kernel_rows, columns=["pass", "changed", "seconds", "notes"])
 
 
-def _choose_all(working: Graph, execution: ExecutionPlan, config: CompileConfig, op_inputs: Mapping[str, torch.Tensor],
+def _choose_all(working: Graph, execution: ExecutionPlan, config: CompileConfig, op_inputs: OpInputs,
                 stages: dict[str, float], deadline: float) -> dict[str, nn.Module]:
     """Build, check and time every planned op's candidates on its recorded input; the chosen modules by op.
 
@@ -111,11 +111,12 @@ def _choose_all(working: Graph, execution: ExecutionPlan, config: CompileConfig,
             op.candidates = [c for c in op.candidates if all(p.kernel in ("dense", "shrink") for p in c.parts)]
             op.notes.append("channels-last model: NCHW conv kernels not offered")
         first = first_of.get(op.op)
-        tile = first_tiling(compiled[first], op, op_inputs[first], config.cache_dir) if first in compiled else None
+        tile = None if first not in compiled else \
+            first_tiling(compiled[first], op, op_inputs.shape(first), config.cache_dir)
         if tile is not None:
             op.notes.append(f"sparse built in {first!r}'s tiling: pairs of this class measured faster fused so")
         ctx = LowerContext(module, op.activation, op.m, config.cache_dir, tune=False, searched_tiles=config.tune,
-                           in_shape=tuple(op_inputs[op.op].shape), tile_for=None if tile is None else ("sparse", tile),
+                           in_shape=op_inputs.shape(op.op), tile_for=None if tile is None else ("sparse", tile),
                            masked=True)
         mode, tune = config.choose, config.tune
         if time.perf_counter() > deadline and (mode, tune) != ("predicted", False):

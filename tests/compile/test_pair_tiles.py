@@ -3,7 +3,6 @@ after an fp32 sparse kernel."""
 
 from types import SimpleNamespace
 
-import torch
 from torch import nn
 
 from sparta_explore.compile import pair_tiles
@@ -23,4 +22,4 @@ def test_a_verdict_is_read_back_and_a_torn_record_is_none(tmp_path):
 def test_no_tiling_is_given_after_anything_but_an_fp32_sparse_kernel(tmp_path):
     second = SimpleNamespace(candidates=[], activation="none")
     for first in (None, nn.Linear(4, 4)):
-        assert pair_tiles.first_tiling(first, second, torch.zeros(2, 4), tmp_path) is None
+        assert pair_tiles.first_tiling(first, second, (2, 4), tmp_path) is None

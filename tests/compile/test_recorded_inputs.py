@@ -69,3 +69,17 @@ def test_a_compiled_fp32_model_is_checked_against_the_users_model_without_the_op
     checks = cm.checks.set_index("check")
     assert checks.loc["table", "passed"] and checks.loc["table", "error"] <= 1e-4
     assert torch.allclose(cm(x), se.masked_copy(model, table)(x), atol=1e-4)
+
+
+def test_inputs_from_one_item_are_made_when_asked_for_and_say_their_shape_without_making_one():
+    from sparta_explore.compile.recorded_inputs import OpInputs
+
+    item = {"a": torch.randn(1, 5, 3), "b": torch.randn(2, 7)}
+    inputs = OpInputs(item, batch=4)
+    assert sorted(inputs) == ["a", "b"] and len(inputs) == 2
+    for name, x in item.items():
+        assert inputs.shape(name) == tuple(inputs[name].shape) == (4 * x.shape[0], *x.shape[1:])
+        assert torch.equal(inputs[name], x.repeat(4, *([1] * (x.dim() - 1))))
+    assert inputs["b"] is inputs["b"]  # the last one asked for is kept
+    whole = OpInputs(item)
+    assert whole["a"] is item["a"] and whole.shape("b") == (2, 7)
