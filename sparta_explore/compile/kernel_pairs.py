@@ -44,15 +44,18 @@ from sparta_explore.plan import OpPlan
 from sparta_explore.plan.sites import OUT_IN
 
 
-def _chained(calls: Mapping[str, fx.Node], first: OpPlan, by_node: Mapping[str, OpPlan]
+def _chained(calls: Mapping[str, fx.Node], first: OpPlan, by_node: Mapping[str, OpPlan], through: str | None = None
              ) -> tuple[fx.Node, OpPlan] | None:
-    """(first's node, the op reading it) when first's output goes to exactly that one compiled module op."""
+    """(first's node, the op reading it) when first's output goes to exactly that one compiled module op (`through`:
+    or by way of that node alone, the activation first will fuse)."""
     if first.site.module_target is None or first.site.layout != OUT_IN:
         return None
     node = calls.get(first.site.module_target)
     if node is None or len(node.users) != 1:
         return None
     user = next(iter(node.users))
+    if through is not None and user.name == through and len(user.users) == 1:
+        node, user = user, next(iter(user.users))
     second = by_node.get(user.name)
     if second is None or user.op != "call_module" or second.site.layout != OUT_IN or user.args[:1] != (node,):
         return None
@@ -69,20 +72,8 @@ def chains(gm: fx.GraphModule, planned: list[OpPlan]) -> dict[str, str]:
     """
     by_node = {op.op: op for op in planned}
     calls = {n.target: n for n in gm.graph.nodes if n.op == "call_module"}
-    sole = lambda node: next(iter(node.users)) if node is not None and len(node.users) == 1 else None  # noqa: E731
-    out = {}
-    for first in planned:
-        if first.site.module_target is None or first.site.layout != OUT_IN:
-            continue
-        value = calls.get(first.site.module_target)
-        reader = sole(value)
-        if reader is not None and reader.name == first.activation_node:
-            value, reader = reader, sole(reader)
-        second = by_node.get(reader.name) if reader is not None else None
-        if second is not None and reader.op == "call_module" and second.site.layout == OUT_IN \
-                and reader.args[:1] == (value,):
-            out[second.op] = first.op
-    return out
+    found = ((first, _chained(calls, first, by_node, first.activation_node)) for first in planned)
+    return {chain[1].op: first.op for first, chain in found if chain is not None}
 
 
 def _timed_kind(a: nn.Module, retile: str | None) -> bool:

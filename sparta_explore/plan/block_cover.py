@@ -98,7 +98,7 @@ def weighted_block_cover(kept: torch.Tensor, costs: Mapping[Block, float], *, ep
     chosen: dict[Block, torch.Tensor] = {}  # shape -> bool tile grid of taken blocks
     parts_mask: dict[Block, torch.Tensor] = {}
     shapes = [b for b in costs if b != (1, 1)]
-    first = dict(counts or {})  # valid while nothing is covered: dropped once anything is
+    counted = dict(counts or {})  # tile counts of `uncovered` as it is: dropped once anything is covered
     # per shape, the fullest tile when last counted: covering only ever lowers counts, so it bounds every later
     # count, and a round whose threshold cannot take that tile takes nothing of this shape (no recount needed)
     fullest = {b: b[0] * b[1] for b in shapes}
@@ -109,7 +109,9 @@ def weighted_block_cover(kept: torch.Tensor, costs: Mapping[Block, float], *, ep
         for b in sorted(shapes, key=lambda s: costs[s] / (s[0] * s[1])):
             if costs[b] > fullest[b] * min(threshold, unit):
                 continue
-            counts = first[b] if b in first else first.setdefault(b, tile_counts(uncovered, b))
+            if b not in counted:
+                counted[b] = tile_counts(uncovered, b)
+            counts = counted[b]
             fullest[b] = int(counts.max())
             if fullest[b] * unit < costs[b]:
                 # no tile holds enough to beat single elements, and covering only ever lowers the counts:
@@ -124,7 +126,7 @@ def weighted_block_cover(kept: torch.Tensor, costs: Mapping[Block, float], *, ep
             parts_mask[b] = region if b not in parts_mask else parts_mask[b] | region
             uncovered &= ~region
             left -= count_true(region)
-            first.clear()
+            counted.clear()
         threshold *= 1 + eps
     parts = [CoverPart(b, count_true(chosen[b]), parts_mask[b]) for b in sorted(parts_mask, key=lambda s: -s[0] * s[1])]
     if left:
