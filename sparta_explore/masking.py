@@ -7,6 +7,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from sparta_explore.compact import zero_where_
 from sparta_explore.errors import TeSANameError
 from sparta_explore.tesa import TeSA
 from sparta_explore.tracing.copying import deep_copy
@@ -31,7 +32,7 @@ def apply_table(model: nn.Module, table: Mapping[str, TeSA]) -> nn.Module:
                 continue
             t = tensors[name]
             tesa.check_fits(t.shape, name)
-            t.masked_fill_(tesa.pruned.to(t.device).expand(t.shape), 0)
+            zero_where_(t, tesa.pruned.to(t.device))
     return model
 
 

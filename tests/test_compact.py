@@ -3,7 +3,18 @@
 import pytest
 import torch
 
-from sparta_explore.compact import any_over, any_true, both, core, count_true, either, equal, keep_where, negate
+from sparta_explore.compact import (
+    any_over,
+    any_true,
+    both,
+    core,
+    count_true,
+    either,
+    equal,
+    keep_where,
+    negate,
+    zero_where_,
+)
 from sparta_explore.tesa import TeSA
 
 SHAPE = (3, 4, 5)
@@ -25,6 +36,23 @@ def test_binary_helpers_equal_torch_ops(pa, pb):
     assert torch.equal(keep_where(key, b), torch.where(b, key, 0))
     assert count_true(a) == int(a.sum())
     assert equal(a, a.contiguous()) and equal(a, b) == torch.equal(a, b)
+
+
+@pytest.mark.parametrize("pa", PATTERNS)
+@pytest.mark.parametrize("pb", PATTERNS)
+def test_equal_finds_one_differing_byte_under_any_broadcast(pa, pb):
+    key = torch.randint(1, 9, pa, dtype=torch.uint8).expand(SHAPE)
+    ones = torch.ones(pb, dtype=torch.uint8).expand(SHAPE)
+    assert equal(key, key.contiguous()) and equal(key.contiguous(), key)
+    assert equal(ones, key.bool().to(torch.uint8)) and equal(key.bool().to(torch.uint8), ones)
+    for flat in (0, 37, 59):  # first, middle, last position
+        changed = key.contiguous().clone()
+        changed.view(-1)[flat] = 0
+        assert not equal(key, changed) and not equal(changed, key)
+        assert equal(changed.bool(), key.bool()) == torch.equal(changed.bool(), key.bool())
+    assert equal(key.mT, key.contiguous().mT) and not equal(key.mT.bool(), key.mT == 0)
+    assert equal(torch.zeros(0, 3, dtype=torch.bool), torch.zeros(0, 3, dtype=torch.bool))
+    assert not equal(torch.zeros(2, 3, dtype=torch.bool), torch.zeros(3, 2, dtype=torch.bool))
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
@@ -72,3 +100,25 @@ def test_any_true_equals_any_on_every_layout(mask):
         assert torch.equal(any_true(mask, dim=(0, 2)), mask.any(dim=(0, 2)))
     as_int = mask.to(torch.int32)  # not bool: any itself
     assert torch.equal(any_true(as_int), as_int.any())
+
+
+def _bytes(t):
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8,
+                                   torch.int64, torch.uint8, torch.bool])
+@pytest.mark.parametrize(("shape", "mask_shape"), [((5, 7), (5, 7)), ((5, 7), (5, 1)), ((5, 7), (7,)),
+                                                   ((3, 5, 7), (1, 5, 7)), ((0, 3), (0, 3)), ((), ())])
+def test_zero_where_equals_masked_fill_bit_for_bit(dtype, shape, mask_shape):
+    g = torch.Generator().manual_seed(4)
+    t = (torch.randn(shape, generator=g) * 10).to(dtype)
+    if dtype.is_floating_point and t.numel() > 2:  # non-finite and negative zero become +0.0 where masked
+        t.view(-1)[:3] = torch.tensor([float("nan"), float("-inf"), -0.0])
+    mask = torch.rand(mask_shape, generator=g) < 0.5
+    given = mask.clone()
+    assert torch.equal(_bytes(zero_where_(t.clone(), mask)), _bytes(t.clone().masked_fill_(mask, 0)))
+    assert torch.equal(mask, given)  # the mask is read, never written
+    if t.dim() == 2:  # a transposed (non-contiguous) tensor, masked through its strides
+        mask_t = torch.rand(t.mT.shape, generator=g) < 0.5
+        assert torch.equal(_bytes(zero_where_(t.clone().mT, mask_t)), _bytes(t.clone().mT.masked_fill_(mask_t, 0)))

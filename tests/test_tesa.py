@@ -186,3 +186,17 @@ def test_bit_histogram_equals_counting_every_element(kind):
         expected[b] = expected.get(b, 0) + 1
     assert t.bit_histogram() == dict(sorted(expected.items()))
     assert t.kept_bits() == sorted(b for b in expected if b)
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, -1])
+@pytest.mark.parametrize("core_shape", [(4, 5, 6), (1, 5, 6), (4, 1, 6), (4, 5, 1)])
+def test_select_equals_indexing_the_key_on_any_layout(dim, core_shape):
+    g = torch.Generator().manual_seed(7)
+    bits = (torch.randint(0, 3, core_shape, generator=g) * 4).to(torch.uint8).expand(4, 5, 6)
+    tesa = TeSA(bits, "int")
+    size = (4, 5, 6)[dim]
+    index = torch.tensor([size - 1, 0, size // 2])  # unsorted, first and last
+    got = tesa.select(dim, index)
+    assert torch.equal(got.bits, bits.index_select(dim, index))
+    assert torch.equal(got.fmt, tesa.fmt.index_select(dim, index))
+    assert got.shape[dim % 3] == 3

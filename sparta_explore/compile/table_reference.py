@@ -28,7 +28,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from sparta_explore.compact import equal
+from sparta_explore.compact import equal, zero_where_
 from sparta_explore.errors import TeSANameError
 from sparta_explore.fake_quant import INT_BITS, fake_quantize_rows
 from sparta_explore.graph import Graph
@@ -143,9 +143,9 @@ def _masked_tree_copy(gm: fx.GraphModule, usable: Mapping[str, TeSA],
                 continue
             pruned = tesa.pruned.to(t.device).expand(t.shape)
             if id(t) in fresh:  # a tied tensor named twice: both masks hold
-                fresh[id(t)].masked_fill_(pruned, 0)
-            else:  # one pass that copies and masks (a deep copy then masking in place is two)
-                data = t.detach().masked_fill(pruned, 0)
+                zero_where_(fresh[id(t)], pruned)
+            else:
+                data = zero_where_(t.detach().clone(), pruned)
                 fresh[id(t)] = nn.Parameter(data, t.requires_grad) if isinstance(t, nn.Parameter) else data
     return tree_copy(gm, replaced=fresh), borrowed
 

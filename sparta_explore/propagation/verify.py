@@ -16,7 +16,7 @@ from torch import fx
 from torch.nn.utils import stateless
 from torch.utils import _pytree as pytree
 
-from sparta_explore.compact import core
+from sparta_explore.compact import core, zero_where_
 from sparta_explore.graph import Graph
 from sparta_explore.tesa import TeSA
 
@@ -34,8 +34,8 @@ class _Zeroing(fx.Interpreter):
             # in place only on a fresh result: a view or an operand returned as is shares memory
             # with values other nodes read (no new 12 MB buffer per masked BERT activation)
             if n.op == "call_module" or out._base is not None or _shares_memory(out, n, self.env, self.held):
-                return out.masked_fill(mask, 0)
-            return out.masked_fill_(mask, 0)
+                return zero_where_(out.clone(), mask)
+            return zero_where_(out, mask)
         return out
 
 
