@@ -61,13 +61,38 @@ def even_segments(groups: Groups) -> Groups:
 
 
 def quantize_rows(weight: np.ndarray, kept: np.ndarray, bits: int = 8) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric per output row over the kept weights at `bits` <= 8: (int8 levels, float32 scales)."""
+    """Symmetric per output row over the kept weights at `bits` <= 8: (int8 levels, float32 scales).
+
+    Example:
+        >>> q, s = quantize_rows(np.array([[2.0, -1.0, 9.0]]), np.array([[True, True, False]]))
+        >>> q.tolist(), s.tolist()
+        ([[127, -64, 0]], [0.015748031437397003])
+    """
     level = np.float32(qmax(bits))
-    w = np.where(kept, weight, 0.0).astype(np.float32)
-    amax = np.abs(w).max(axis=1)
-    scale = np.where(amax > 0, amax / level, np.float32(1.0)).astype(np.float32)
-    q = np.clip(np.rint(w / scale[:, None]), -level, level).astype(np.int8)
+    n, k = weight.shape
+    q = np.empty((n, k), dtype=np.int8)
+    scale = np.empty(n, dtype=np.float32)
+    # by blocks of rows, through one small buffer: whole-matrix temporaries were fresh pages (a BERT 3072 x 768
+    # weight: 10 ms, now 3); pruned weights are zeroed as bits (an AND with 0 or all ones: exact for any value)
+    step = max(1, QUANT_BLOCK // max(k, 1))
+    w = np.empty((min(step, n), k), dtype=np.float32)
+    keep = np.empty((min(step, n), k), dtype=np.int32)
+    for r0 in range(0, n, step):
+        rows = slice(r0, min(r0 + step, n))
+        wb, kb = w[: rows.stop - r0], keep[: rows.stop - r0]
+        np.copyto(wb, weight[rows], casting="unsafe")
+        np.negative(np.asarray(kept[rows], dtype=bool).view(np.uint8), out=kb, dtype=np.int32)
+        np.bitwise_and(wb.view(np.int32), kb, out=wb.view(np.int32))
+        amax = np.abs(wb).max(axis=1) if k else np.zeros(len(wb), dtype=np.float32)
+        sb = np.where(amax > 0, amax / level, np.float32(1.0)).astype(np.float32)
+        scale[rows] = sb
+        np.divide(wb, sb[:, None], out=wb)
+        np.clip(np.rint(wb, out=wb), -level, level, out=wb)
+        q[rows] = wb
     return q, scale
+
+
+QUANT_BLOCK = 1 << 16  # weights per block of rows: 256 KB of float32 and of int32, in L2
 
 
 def pack_pairs(wq: np.ndarray, groups: Groups) -> np.ndarray:

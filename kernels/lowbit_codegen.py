@@ -53,7 +53,7 @@ def pack_quads(wq: np.ndarray, groups: Groups) -> np.ndarray:
 
 def offset_correction(wq: np.ndarray) -> np.ndarray:
     """128 * sum_k w[n, k] per output row: what the +128 activation offset adds to every sum."""
-    return (128 * wq.astype(np.int64).sum(axis=1)).astype(np.int32)
+    return (128 * wq.sum(axis=1, dtype=np.int64)).astype(np.int32)  # summed in int64 without an int64 copy of wq
 
 
 def u8_tile(r: int, act: str, steps: int) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from sparta_explore.compact import kept_only
 from sparta_explore.kernels.compiled_op import CompiledOp, check_act_bits, quantized_input
 from sparta_explore.kernels.sparse_linear import _ACT, check_linear_args
 
@@ -33,7 +34,7 @@ class ShrunkLinear(CompiledOp):
         self.act_bits = check_act_bits(act_bits)
         rows = kept.any(dim=1).nonzero().flatten()
         cols = kept.any(dim=0).nonzero().flatten()
-        w = (weight.detach() * kept).float()
+        w = kept_only(weight.detach(), kept).float()
         self.register_buffer("rows", rows)
         self.register_buffer("cols", cols)
         self.register_buffer("weight_small", w[rows][:, cols].contiguous())

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from sparta_explore import fake_quant
 from sparta_explore.activations import ACTIVATIONS
-from sparta_explore.compact import count_true
+from sparta_explore.compact import count_true, kept_only
 from sparta_explore.fake_quant import qmax, quantized_linear
 from sparta_explore.kernels import output_pool
 from sparta_explore.kernels.bsr_codegen import ROWS_IO, KernelIO, TileConfig
@@ -79,7 +79,7 @@ class KernelLinear(CompiledOp):
         check_linear_args(weight, kept, activation)
         self.out_features, self.in_features = weight.shape
         self.activation = activation
-        masked = (weight.detach() if zeroed else weight.detach() * kept).float().contiguous()
+        masked = (weight.detach() if zeroed else kept_only(weight.detach(), kept)).float().contiguous()
         self.register_buffer("weight", masked)
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         self.density = count_true(kept) / max(1, kept.numel())  # no float copy of the mask (9 MB a BERT weight)

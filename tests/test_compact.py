@@ -12,6 +12,7 @@ from sparta_explore.compact import (
     either,
     equal,
     keep_where,
+    kept_only,
     negate,
     zero_where_,
 )
@@ -122,3 +123,14 @@ def test_zero_where_equals_masked_fill_bit_for_bit(dtype, shape, mask_shape):
     if t.dim() == 2:  # a transposed (non-contiguous) tensor, masked through its strides
         mask_t = torch.rand(t.mT.shape, generator=g) < 0.5
         assert torch.equal(_bytes(zero_where_(t.clone().mT, mask_t)), _bytes(t.clone().mT.masked_fill_(mask_t, 0)))
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_kept_only_is_a_masked_copy(pattern):
+    t = torch.randn(SHAPE, generator=torch.Generator().manual_seed(6))
+    t[0, 0, :2] = torch.tensor([float("nan"), float("inf")])
+    kept = _mask(pattern, 8)
+    before = t.clone()
+    got = kept_only(t, kept)
+    assert torch.equal(_bytes(got), _bytes(torch.where(kept, t, 0.0))) and torch.equal(_bytes(t), _bytes(before))
+    assert torch.equal(_bytes(kept_only(t, kept.to(torch.uint8))), _bytes(got))  # a 0/1 mask of another dtype

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from sparta_explore.compact import kept_only
 from sparta_explore.fake_quant import fake_quantize_rows
 from sparta_explore.kernels.bsr_codegen import TileConfig
 from sparta_explore.kernels.conv_geometry import ConvGeometry
@@ -92,7 +93,7 @@ def part_weight(module: nn.Module, sub: SubOp) -> torch.Tensor:
         torch.Size([2, 4])
     """
     w = module.weight.detach().float()
-    flat = w.reshape(w.shape[0], -1) * sub.mask
+    flat = kept_only(w.reshape(w.shape[0], -1), sub.mask)
     if sub.kernel != "int8" and sub.weight_bits < FP32:
         flat = fake_quantize_rows(flat, sub.weight_bits)
     return flat.reshape(w.shape)

@@ -1,5 +1,6 @@
 """Int8SparseLinear: exact integer accumulation, so it matches the same quantization in PyTorch."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -69,3 +70,22 @@ def test_narrow_bit_grids_run_exactly_in_int8(tmp_path, weight_bits, act_bits):
 def test_unsupported_bits_are_refused():
     with pytest.raises(ValueError, match="2..8"):
         Int8SparseLinear(torch.randn(4, 4), None, torch.ones(4, 4).bool(), weight_bits=12)
+
+
+@pytest.mark.parametrize("bits", [8, 4, 2])
+def test_quantize_rows_reads_only_kept_weights(bits):
+    # pruned positions hold NaN, inf and huge values: none of them may reach a scale or a level
+    g = torch.Generator().manual_seed(5)
+    weight = torch.randn(37, 29, generator=g).numpy()
+    kept = (torch.rand(37, 29, generator=g) < 0.3).numpy()
+    kept[3] = False  # an all-pruned row: scale 1, levels 0
+    noisy = weight.copy()
+    noisy[~kept] = np.array([np.nan, np.inf, -1e30])[np.arange((~kept).sum()) % 3]
+    q, scale = quantize_rows(noisy, kept, bits)
+    w = np.where(kept, weight, 0).astype(np.float32)
+    level = 2 ** (bits - 1) - 1
+    amax = np.abs(w).max(axis=1)
+    want_scale = np.where(amax > 0, amax / np.float32(level), np.float32(1)).astype(np.float32)
+    assert np.array_equal(scale, want_scale) and scale[3] == 1
+    assert np.array_equal(q, np.clip(np.rint(w / want_scale[:, None]), -level, level).astype(np.int8))
+    assert not q[~kept].any() and np.abs(q).max() == level
