@@ -145,8 +145,10 @@ _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64
 def zero_where_(t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """`t.masked_fill_(mask, 0)`, in place on `t`'s bits: an AND with all-ones where `mask` is False.
 
-    Exact for every value (NaN and inf become +0.0, as with masked_fill) and 6x faster on CPU:
-    torch 2.13's masked_fill_ takes 1.7 ms for a 3072 x 768 float weight, the AND 0.3 ms.
+    Exact for every value (NaN and inf become +0.0, as with masked_fill) and 3x faster on CPU:
+    torch 2.13's masked_fill_ takes 1.7 ms for a 3072 x 768 float weight, the AND 0.5 ms. The
+    AND's operand (0 or all ones, as wide as an element) is made `ZERO_BLOCK` elements at a
+    time in one small buffer: made whole it was 9 MB of fresh pages a weight (1.6 ms).
     `mask` is bool and broadcasts to `t`; other cases go to masked_fill_ itself.
 
     Example:
@@ -156,9 +158,20 @@ def zero_where_(t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     ints = _SAME_SIZE_INT.get(t.element_size())
     if ints is None or mask.dtype != torch.bool or t.is_complex() or t.device != mask.device:
         return t.masked_fill_(mask, 0)
-    keep = core(mask).view(torch.uint8).to(ints, copy=True).sub_(1)  # pruned 1 -> 0, kept 0 -> all bits set
-    t.view(ints).bitwise_and_(keep)
+    bits, mask = t.view(ints), mask.expand(t.shape)  # a mask of fewer or size-1 dims: a view, stride 0 there
+    if t.dim() == 0 or t.numel() <= ZERO_BLOCK:
+        bits.bitwise_and_(core(mask).view(torch.uint8).to(ints, copy=True).sub_(1))  # pruned 1 -> 0, kept -> ~0
+        return t
+    step = max(1, ZERO_BLOCK // max(1, t[0].numel()))  # whole slices along dim 0
+    buffer = torch.empty((min(step, t.shape[0]), *t.shape[1:]), dtype=ints)
+    for r0 in range(0, t.shape[0], step):
+        keep = buffer[: min(step, t.shape[0] - r0)]
+        keep.copy_(mask[r0:r0 + step].view(torch.uint8)).sub_(1)
+        bits[r0:r0 + step].bitwise_and_(keep)
     return t
+
+
+ZERO_BLOCK = 1 << 16  # elements of `zero_where_`'s buffer: 256 KB of int32, reused, in L2
 
 
 def kept_only(t: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:

@@ -110,10 +110,13 @@ def _bytes(t):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8,
                                    torch.int64, torch.uint8, torch.bool])
 @pytest.mark.parametrize(("shape", "mask_shape"), [((5, 7), (5, 7)), ((5, 7), (5, 1)), ((5, 7), (7,)),
-                                                   ((3, 5, 7), (1, 5, 7)), ((0, 3), (0, 3)), ((), ())])
+                                                   ((3, 5, 7), (1, 5, 7)), ((0, 3), (0, 3)), ((), ()),
+                                                   ((301, 500), (301, 500)), ((301, 500), (301, 1)),
+                                                   ((301, 500), (500,)), ((3, 70000), (3, 70000))])
 def test_zero_where_equals_masked_fill_bit_for_bit(dtype, shape, mask_shape):
     g = torch.Generator().manual_seed(4)
     t = (torch.randn(shape, generator=g) * 10).to(dtype)
+    # (301, 500) runs in blocks of rows, the last one short; (3, 70000) a row at a time, each above one block
     if dtype.is_floating_point and t.numel() > 2:  # non-finite and negative zero become +0.0 where masked
         t.view(-1)[:3] = torch.tensor([float("nan"), float("-inf"), -0.0])
     mask = torch.rand(mask_shape, generator=g) < 0.5
