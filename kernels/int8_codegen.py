@@ -73,7 +73,8 @@ def quantize_rows(weight: np.ndarray, kept: np.ndarray, bits: int = 8) -> tuple[
     q = np.empty((n, k), dtype=np.int8)
     scale = np.empty(n, dtype=np.float32)
     # by blocks of rows, through one small buffer: whole-matrix temporaries were fresh pages (a BERT 3072 x 768
-    # weight: 10 ms, now 3); pruned weights are zeroed as bits (an AND with 0 or all ones: exact for any value)
+    # weight with fresh memory: 10 -> 4.4 ms); pruned weights are zeroed as bits (an AND with 0 or all ones: exact
+    # for any value)
     step = max(1, QUANT_BLOCK // max(k, 1))
     w = np.empty((min(step, n), k), dtype=np.float32)
     keep = np.empty((min(step, n), k), dtype=np.int32)

@@ -176,8 +176,8 @@ ZERO_BLOCK = 1 << 16  # elements of `zero_where_`'s buffer: 256 KB of int32, reu
 
 def kept_only(t: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
     """A copy of `t` with 0 wherever the bool `kept` (broadcast to `t`) is False: `t * kept` without its
-    mixed-dtype product (torch 2.13: 2.1 ms for a 3072 x 768 weight, this 0.5), and NaN or inf where pruned
-    become 0 too.
+    mixed-dtype product (torch 2.13: 2.1-6.8 ms for a 3072 x 768 weight, this 1.3 with its copy), and NaN or
+    inf where pruned become 0 too.
 
     Example:
         >>> kept_only(torch.tensor([1.0, float("inf")]), torch.tensor([True, False])).tolist()
