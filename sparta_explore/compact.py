@@ -142,8 +142,9 @@ def keep_where(key: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def zero_where_(t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """`t.masked_fill_(mask, 0)`, in place on `t`'s bits: an AND with all-ones where `mask` is False.
+def zero_where_(t: torch.Tensor, mask: torch.Tensor, where: bool = True) -> torch.Tensor:
+    """`t.masked_fill_(mask == where, 0)`, in place on `t`'s bits: an AND with 0 where `mask` is `where` and all
+    ones elsewhere (`where=False` zeroes what a kept mask does not keep, with no inverted copy of it).
 
     Exact for every value (NaN and inf become +0.0, as with masked_fill) and 3x faster on CPU:
     torch 2.13's masked_fill_ takes 1.7 ms for a 3072 x 768 float weight, the AND 0.5 ms. The
@@ -154,20 +155,25 @@ def zero_where_(t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     Example:
         >>> zero_where_(torch.tensor([1.0, float("nan"), 3.0]), torch.tensor([False, True, False])).tolist()
         [1.0, 0.0, 3.0]
+        >>> zero_where_(torch.tensor([1.0, 2.0]), torch.tensor([True, False]), where=False).tolist()
+        [1.0, 0.0]
     """
     ints = _SAME_SIZE_INT.get(t.element_size())
     if ints is None or mask.dtype != torch.bool or t.is_complex() or t.device != mask.device:
-        return t.masked_fill_(mask, 0)
+        return t.masked_fill_(mask if where else ~mask, 0)
     bits, mask = t.view(ints), mask.expand(t.shape)  # a mask of fewer or size-1 dims: a view, stride 0 there
+
+    def operand(keep: torch.Tensor) -> torch.Tensor:  # mask's bytes (0 / 1) as 0 where zeroed, all ones elsewhere
+        return keep.sub_(1) if where else keep.neg_()
+
     if t.dim() == 0 or t.numel() <= ZERO_BLOCK:
-        bits.bitwise_and_(core(mask).view(torch.uint8).to(ints, copy=True).sub_(1))  # pruned 1 -> 0, kept -> ~0
+        bits.bitwise_and_(operand(core(mask).view(torch.uint8).to(ints, copy=True)))
         return t
     step = max(1, ZERO_BLOCK // max(1, t[0].numel()))  # whole slices along dim 0
     buffer = torch.empty((min(step, t.shape[0]), *t.shape[1:]), dtype=ints)
     for r0 in range(0, t.shape[0], step):
         keep = buffer[: min(step, t.shape[0] - r0)]
-        keep.copy_(mask[r0:r0 + step].view(torch.uint8)).sub_(1)
-        bits[r0:r0 + step].bitwise_and_(keep)
+        bits[r0:r0 + step].bitwise_and_(operand(keep.copy_(mask[r0:r0 + step].view(torch.uint8))))
     return t
 
 
@@ -175,16 +181,15 @@ ZERO_BLOCK = 1 << 16  # elements of `zero_where_`'s buffer: 256 KB of int32, reu
 
 
 def kept_only(t: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
-    """A copy of `t` with 0 wherever the bool `kept` (broadcast to `t`) is False: `t * kept` without its
-    mixed-dtype product (torch 2.13: 2.1-6.8 ms for a 3072 x 768 weight, this 1.3 with its copy), and NaN or
-    inf where pruned become 0 too.
+    """A copy of `t` with 0 wherever `kept` (broadcast to `t`; not bool: non-zero is kept) is False: `t * kept`
+    without its mixed-dtype product (torch 2.13: 2.1-6.8 ms for a 3072 x 768 weight, this 1.3 with its copy), and
+    NaN or inf where pruned become 0 too.
 
     Example:
         >>> kept_only(torch.tensor([1.0, float("inf")]), torch.tensor([True, False])).tolist()
         [1.0, 0.0]
     """
-    return zero_where_(t.clone(memory_format=torch.contiguous_format), negate(kept) if kept.dtype == torch.bool
-                       else kept == 0)
+    return zero_where_(t.clone(memory_format=torch.contiguous_format), kept.bool(), where=False)
 
 
 def count_true(mask: torch.Tensor) -> int:

@@ -32,7 +32,7 @@ def apply_table(model: nn.Module, table: Mapping[str, TeSA]) -> nn.Module:
                 continue
             t = tensors[name]
             tesa.check_fits(t.shape, name)
-            zero_where_(t, tesa.pruned.to(t.device))
+            zero_where_(t, tesa.kept.to(t.device), where=False)
     return model
 
 

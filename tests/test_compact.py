@@ -113,7 +113,8 @@ def _bytes(t):
                                                    ((3, 5, 7), (1, 5, 7)), ((0, 3), (0, 3)), ((), ()),
                                                    ((301, 500), (301, 500)), ((301, 500), (301, 1)),
                                                    ((301, 500), (500,)), ((3, 70000), (3, 70000))])
-def test_zero_where_equals_masked_fill_bit_for_bit(dtype, shape, mask_shape):
+@pytest.mark.parametrize("where", [True, False])
+def test_zero_where_equals_masked_fill_bit_for_bit(dtype, shape, mask_shape, where):
     g = torch.Generator().manual_seed(4)
     t = (torch.randn(shape, generator=g) * 10).to(dtype)
     # (301, 500) runs in blocks of rows, the last one short; (3, 70000) a row at a time, each above one block
@@ -121,11 +122,14 @@ def test_zero_where_equals_masked_fill_bit_for_bit(dtype, shape, mask_shape):
         t.view(-1)[:3] = torch.tensor([float("nan"), float("-inf"), -0.0])
     mask = torch.rand(mask_shape, generator=g) < 0.5
     given = mask.clone()
-    assert torch.equal(_bytes(zero_where_(t.clone(), mask)), _bytes(t.clone().masked_fill_(mask, 0)))
+    zeroed = mask if where else ~mask
+    assert torch.equal(_bytes(zero_where_(t.clone(), mask, where)), _bytes(t.clone().masked_fill_(zeroed, 0)))
     assert torch.equal(mask, given)  # the mask is read, never written
     if t.dim() == 2:  # a transposed (non-contiguous) tensor, masked through its strides
         mask_t = torch.rand(t.mT.shape, generator=g) < 0.5
-        assert torch.equal(_bytes(zero_where_(t.clone().mT, mask_t)), _bytes(t.clone().mT.masked_fill_(mask_t, 0)))
+        zeroed_t = mask_t if where else ~mask_t
+        assert torch.equal(_bytes(zero_where_(t.clone().mT, mask_t, where)),
+                           _bytes(t.clone().mT.masked_fill_(zeroed_t, 0)))
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)

@@ -141,11 +141,11 @@ def _masked_tree_copy(gm: fx.GraphModule, usable: Mapping[str, TeSA],
                 fresh[id(t)] = theirs[name]  # masked and on its grid alike there (BERT-base 32x32: 49 of 72)
                 borrowed.add(id(theirs[name]))
                 continue
-            pruned = tesa.pruned.to(t.device).expand(t.shape)
+            kept = tesa.kept.to(t.device)
             if id(t) in fresh:  # a tied tensor named twice: both masks hold
-                zero_where_(fresh[id(t)], pruned)
+                zero_where_(fresh[id(t)], kept, where=False)
             else:
-                data = zero_where_(t.detach().clone(), pruned)
+                data = zero_where_(t.detach().clone(), kept, where=False)
                 fresh[id(t)] = nn.Parameter(data, t.requires_grad) if isinstance(t, nn.Parameter) else data
     return tree_copy(gm, replaced=fresh), borrowed
 
