@@ -20,13 +20,17 @@ import numpy as np
 from sparta_explore.kernels.bsr_codegen import KernelIO, TileConfig, generate_source
 from sparta_explore.kernels.groups import SHORT_SEGMENTS, pack_weights, plan_groups, unit_segments
 from sparta_explore.kernels.pattern_data import KernelSource
+from sparta_explore.kernels.scattered import scattered_groups
 from sparta_explore.kernels.segment_codegen import generate_segment_source, pack_segment_weights, plan_segments
 
 
 def _rows_layout(weight: np.ndarray, kept: np.ndarray, block_rows: int, cfg: TileConfig, vec: int, act: str,
                  name: str, io: KernelIO, as_data: bool) -> tuple[KernelSource, np.ndarray]:
     # scattered rows: a predictable loop; an I/O whose k rows are not evenly spaced reads one k per piece
-    groups = unit_segments(plan_groups(kept, block_rows, cfg.rows), 1, math.inf if io.one_word else SHORT_SEGMENTS)
+    short = math.inf if io.one_word else SHORT_SEGMENTS
+    groups = scattered_groups(kept, short) if block_rows == 1 else None  # unstructured: one pass (same groups)
+    if groups is None:
+        groups = unit_segments(plan_groups(kept, block_rows, cfg.rows), 1, short)
     source = generate_source(groups, kept.shape[0], kept.shape[1], vec, act, name, cfg, io, as_data=as_data)
     packed = pack_weights(weight, kept, groups)
     return source, packed if source.word_order is None or not source.word_order.size else packed[source.word_order]
