@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from sparta_explore.compact import any_true, both, core, spread
+from sparta_explore.compact import any_true, both, core, either, spread
 from sparta_explore.tesa import TeSA
 
 
@@ -117,12 +117,46 @@ def row_wise_linear(x: torch.Tensor, w: torch.Tensor, allowed: torch.Tensor,
         out, kx, kw = _one_row_linear(xs[0], w, ys[0])
         return out.reshape(*(1,) * len(lead), n).expand(*lead, n), kx.expand(x.shape), kw
     rows = torch.cat([xs, ys], dim=1)
-    unique, inverse = torch.unique(rows.to(torch.uint8), dim=0, return_inverse=True)
-    unique = unique.bool()
-    out, (kx, kw) = multilinear_masks(lambda a, b: torch.nn.functional.linear(a, b), [unique[:, :k], w],
-                                      unique[:, k:])
+    distinct = _distinct_rows(rows.view(torch.uint8))
+    if distinct is not None:  # a few kinds of rows (BERT: 2 of 1024): the one-row rule on each, W's mask their OR
+        first, inverse = distinct
+        parts = [_one_row_linear(xs[i], w, ys[i]) for i in first]
+        out, kx = torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
+        kw = parts[0][2]
+        for part in parts[1:]:
+            kw = either(kw, part[2])
+    else:
+        unique, inverse = torch.unique(rows.to(torch.uint8), dim=0, return_inverse=True)
+        unique = unique.bool()
+        out, (kx, kw) = multilinear_masks(lambda a, b: torch.nn.functional.linear(a, b), [unique[:, :k], w],
+                                          unique[:, k:])
     kx_full = kx[inverse].reshape(*lead, k)
     return out[inverse].reshape(*lead, n), any_to(kx_full, x.shape), kw
+
+
+DISTINCT_MOST = 8  # row_wise_linear answers per distinct row up to this many kinds of rows, else by torch.unique
+
+
+def _distinct_rows(rows: torch.Tensor, most: int = DISTINCT_MOST) -> tuple[list[int], torch.Tensor] | None:
+    """(the first row of each kind, each row's kind) for a 2-d uint8 tensor of at most `most` kinds of rows, else
+    None. One pass per kind, as an XOR's max: `torch.unique(dim=0)` sorted a BERT linear's 1024 rows of 3840 bytes
+    in 24 ms; a pass takes 0.13 ms.
+
+    Example:
+        >>> _distinct_rows(torch.tensor([[1, 0], [0, 1], [1, 0]], dtype=torch.uint8))
+        ([0, 1], tensor([0, 1, 0]))
+    """
+    kind = torch.full((rows.shape[0],), -1, dtype=torch.long)
+    first: list[int] = []
+    while True:
+        left = torch.nonzero(kind < 0)
+        if not len(left):
+            return first, kind
+        if len(first) == most:
+            return None
+        i = int(left[0, 0])
+        kind[(rows ^ rows[i]).amax(dim=1) == 0] = len(first)  # rows of earlier kinds differ from row i: untouched
+        first.append(i)
 
 
 def _one_row_linear(x: torch.Tensor, w: torch.Tensor, allowed: torch.Tensor,

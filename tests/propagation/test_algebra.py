@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sparta_explore.propagation.algebra import multilinear_masks, row_wise_linear
+from sparta_explore.propagation.algebra import DISTINCT_MOST, _distinct_rows, multilinear_masks, row_wise_linear
 
 
 def _full(x: torch.Tensor, w: torch.Tensor, allowed: torch.Tensor):
@@ -38,3 +38,28 @@ def test_row_wise_linear_broadcast_input_and_identical_rows() -> None:
     assert out.tolist() == [[True, False]] * 4  # row 1 of W only meets the pruned x[1]
     assert kx.shape == x.shape and kx.tolist() == [[True, True, False]]  # x[2] meets only pruned weights
     assert kw.tolist() == [[True, False, True], [False, False, False]]  # weights meeting x[1] do not matter
+
+
+@pytest.mark.parametrize("kinds", [1, 2, DISTINCT_MOST, DISTINCT_MOST + 1, 40])
+def test_row_wise_linear_per_kind_of_row_and_by_unique_beyond_the_most(kinds: int) -> None:
+    # up to DISTINCT_MOST kinds of rows run the one-row rule per kind; beyond, torch.unique and autograd: both exact
+    g = torch.Generator().manual_seed(kinds)
+    k, n, rows = 12, 9, 64
+    xs = torch.rand(kinds, k, generator=g) > 0.5
+    ys = torch.rand(kinds, n, generator=g) > 0.3
+    xs[:, 0], ys[:, 0] = torch.arange(kinds) % 2 == 0, torch.arange(kinds) % 3 == 0  # kinds apart in both halves
+    pick = torch.cat([torch.arange(kinds), torch.randint(0, kinds, (rows - kinds,), generator=g)])
+    pick = pick[torch.randperm(rows, generator=g)]
+    x, allowed = xs[pick].reshape(4, 16, k), ys[pick].reshape(4, 16, n)
+    w = torch.rand(n, k, generator=g) > 0.5
+    got, want = row_wise_linear(x, w, allowed), _full(x, w, allowed)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and torch.equal(a, b)
+
+
+def test_distinct_rows_finds_each_kind_once_in_order_of_first_appearance() -> None:
+    rows = torch.tensor([[3, 0], [1, 1], [3, 0], [0, 0], [1, 1]], dtype=torch.uint8)
+    first, kind = _distinct_rows(rows)
+    assert first == [0, 1, 3] and kind.tolist() == [0, 1, 0, 2, 1]
+    assert _distinct_rows(rows, most=2) is None
+    assert torch.equal(rows[torch.tensor(first)][kind], rows)
