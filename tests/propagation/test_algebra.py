@@ -6,7 +6,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sparta_explore.propagation.algebra import DISTINCT_MOST, _distinct_rows, multilinear_masks, row_wise_linear
+from sparta_explore.propagation.algebra import (
+    DISTINCT_MOST,
+    _distinct_rows,
+    _rows_equal,
+    multilinear_masks,
+    row_wise_linear,
+)
 
 
 def _full(x: torch.Tensor, w: torch.Tensor, allowed: torch.Tensor):
@@ -63,3 +69,15 @@ def test_distinct_rows_finds_each_kind_once_in_order_of_first_appearance() -> No
     assert first == [0, 1, 3] and kind.tolist() == [0, 1, 0, 2, 1]
     assert _distinct_rows(rows, most=2) is None
     assert torch.equal(rows[torch.tensor(first)][kind], rows)
+
+
+def test_rows_equal_on_bytes_sees_one_differing_element_in_any_layout() -> None:
+    rows = torch.rand(6, 40, generator=torch.Generator().manual_seed(0)) > 0.5
+    same = rows[:1].repeat(6, 1)
+    assert _rows_equal(same) and _rows_equal(rows[:1].expand(6, 40)) and _rows_equal(same.t().contiguous().t())
+    for r, c in [(5, 39), (1, 0), (3, 17)]:
+        one_off = same.clone()
+        one_off[r, c] = ~one_off[r, c]
+        assert not _rows_equal(one_off) and not _rows_equal(one_off.t().contiguous().t())
+    assert _rows_equal(torch.zeros(4, 0, dtype=torch.bool)) and _rows_equal(torch.zeros(0, 3, dtype=torch.bool))
+    assert not _rows_equal(torch.tensor([[1.0, 2.0], [1.0, 2.5]]))

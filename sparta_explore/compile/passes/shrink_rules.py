@@ -113,7 +113,8 @@ def _weighted(walk: ShrinkWalk, node: fx.Node) -> None:
     cols = p.index if p is not None else None
     if rows is None and cols is None:
         return None
-    set_module(walk.gm, node.target, _sliced(module, rows, cols))
+    key = ("sliced", node.target, *(None if i is None else i.numpy().tobytes() for i in (rows, cols)))
+    set_module(walk.gm, node.target, walk.reused(key, lambda: _sliced(module, rows, cols)))
     stored = (cols, rows) if _in_out(module) else (rows, cols)  # the TeSA is laid out like the weight
     walk.shrunk_weight(f"{node.target}.weight", *stored)
     if module.bias is not None:
