@@ -140,6 +140,27 @@ def test_rows_only_reshaped_before_full_width_are_not_cut():
     assert_same_outputs(graph, result.graph, x)
 
 
+def test_a_walk_again_reuses_the_slices_of_the_one_before(monkeypatch):
+    # Q and K rows force a second walk; fc1's rows (and fc2's columns) are cut the same way in both walks
+    from sparta_explore.compile.passes import shrink_rules
+
+    made = []
+    original = shrink_rules._sliced
+    monkeypatch.setattr(shrink_rules, "_sliced", lambda m, rows, cols: made.append(m) or original(m, rows, cols))
+    model = BertEncoder(BertConfig.tiny(layers=1)).eval()
+    x = model.example_inputs()
+    table = rows_pruned(model, {"layers.0.attn.query": [0, 5], "layers.0.attn.key": [3, 9],
+                                "layers.0.ffn.fc1": [1, 2, 7]})
+    graph, usable = masked_graph(model, table, x)
+    result = shrink(graph, usable, PassOptions())
+    fc1 = graph.module.get_submodule("layers.0.ffn.fc1")
+    assert result.graph.module.get_submodule("layers.0.ffn.fc1").out_features == fc1.out_features - 3
+    assert result.graph.module.get_submodule("layers.0.attn.query").out_features == fc1.in_features
+    # first walk: query, key, fc1, fc2; the second cuts neither query nor key and reuses fc1's and fc2's slices
+    assert len(made) == 4
+    assert_same_outputs(graph, result.graph, x)
+
+
 def test_concat_and_flatten_carry_channel_offsets():
     class Branches(nn.Module):
         def __init__(self) -> None:
