@@ -4,6 +4,8 @@ import pytest
 import torch
 
 from sparta_explore.compact import (
+    EQUAL_BLOCK,
+    any_of_both,
     any_over,
     any_true,
     both,
@@ -14,6 +16,7 @@ from sparta_explore.compact import (
     keep_where,
     kept_only,
     negate,
+    rows_like,
     zero_where_,
 )
 from sparta_explore.tesa import TeSA
@@ -54,6 +57,45 @@ def test_equal_finds_one_differing_byte_under_any_broadcast(pa, pb):
     assert equal(key.mT, key.contiguous().mT) and not equal(key.mT.bool(), key.mT == 0)
     assert equal(torch.zeros(0, 3, dtype=torch.bool), torch.zeros(0, 3, dtype=torch.bool))
     assert not equal(torch.zeros(2, 3, dtype=torch.bool), torch.zeros(3, 2, dtype=torch.bool))
+
+
+def test_equal_in_blocks_on_large_masks_and_by_identity():
+    n = 3 * EQUAL_BLOCK + 123  # three whole blocks and a ragged one
+    a = torch.rand(n, generator=torch.Generator().manual_seed(0)) > 0.5
+    assert equal(a, a.clone()) and equal(a, a)
+    for flat in (0, EQUAL_BLOCK - 1, EQUAL_BLOCK, 2 * EQUAL_BLOCK + 7, n - 1):
+        changed = a.clone()
+        changed[flat] = ~changed[flat]
+        assert not equal(a, changed) and not equal(changed, a)
+    square = torch.rand(700, 700) > 0.5  # its transpose: same memory, same shape, other strides
+    assert equal(square.t(), square.t().contiguous()) and not equal(square, square.t())
+    keys = torch.randint(0, 9, (2, n // 2), dtype=torch.uint8)
+    assert equal(keys, keys.clone()) and not equal(keys, keys.flip(1))
+
+
+@pytest.mark.parametrize("n,k", [(3, 5), (EQUAL_BLOCK // 100 + 7, 100), (2, EQUAL_BLOCK + 3), (0, 4), (4, 0)])
+@pytest.mark.parametrize("b_shape", ["row", "column", "full", "one"])
+def test_any_of_both_equals_the_product_then_any_in_row_blocks(n, k, b_shape):
+    g = torch.Generator().manual_seed(n * 31 + k)
+    a = torch.rand(n, k, generator=g) > 0.97  # sparse: many rows and columns with nothing kept
+    b = {"row": torch.rand(k, generator=g) > 0.5, "column": torch.rand(n, 1, generator=g) > 0.5,
+         "full": torch.rand(n, k, generator=g) > 0.5, "one": torch.ones(1, 1, dtype=torch.bool)}[b_shape]
+    for dim in (0, 1, -1):
+        assert torch.equal(any_of_both(a, b, dim), (a & b).any(dim=dim))
+    before = a.clone()
+    any_of_both(a, b, 1)
+    assert torch.equal(a, before)
+
+
+@pytest.mark.parametrize("n,k", [(1, 3), (9, 4), (EQUAL_BLOCK // 64 + 5, 64), (3, 0)])
+def test_rows_like_finds_the_rows_equal_to_one(n, k):
+    g = torch.Generator().manual_seed(n + k)
+    kinds = torch.rand(3, k, generator=g) > 0.5
+    rows = kinds[torch.randint(0, 3, (n,), generator=g)]
+    for i in {0, n // 2, n - 1}:
+        want = (rows == rows[i]).all(dim=1)
+        assert torch.equal(rows_like(rows, i), want)
+        assert torch.equal(rows_like(rows.to(torch.uint8), i), want)
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from sparta_explore.compact import any_true, both, core, either, spread
+from sparta_explore.compact import any_of_both, any_true, both, core, count_true, either, rows_like, spread
 from sparta_explore.tesa import TeSA
 
 
@@ -116,8 +116,7 @@ def row_wise_linear(x: torch.Tensor, w: torch.Tensor, allowed: torch.Tensor,
     if _rows_equal(xs) and _rows_equal(ys):  # the usual case: answer for one row, broadcast (no copies)
         out, kx, kw = _one_row_linear(xs[0], w, ys[0])
         return out.reshape(*(1,) * len(lead), n).expand(*lead, n), kx.expand(x.shape), kw
-    rows = torch.cat([xs, ys], dim=1)
-    distinct = _distinct_rows(rows.view(torch.uint8))
+    distinct = _distinct_rows(xs, ys)
     if distinct is not None:  # a few kinds of rows (BERT: 2 of 1024): the one-row rule on each, W's mask their OR
         first, inverse = distinct
         parts = [_one_row_linear(xs[i], w, ys[i]) for i in first]
@@ -126,6 +125,7 @@ def row_wise_linear(x: torch.Tensor, w: torch.Tensor, allowed: torch.Tensor,
         for part in parts[1:]:
             kw = either(kw, part[2])
     else:
+        rows = torch.cat([xs, ys], dim=1)
         unique, inverse = torch.unique(rows.to(torch.uint8), dim=0, return_inverse=True)
         unique = unique.bool()
         out, (kx, kw) = multilinear_masks(lambda a, b: torch.nn.functional.linear(a, b), [unique[:, :k], w],
@@ -137,16 +137,17 @@ def row_wise_linear(x: torch.Tensor, w: torch.Tensor, allowed: torch.Tensor,
 DISTINCT_MOST = 8  # row_wise_linear answers per distinct row up to this many kinds of rows, else by torch.unique
 
 
-def _distinct_rows(rows: torch.Tensor, most: int = DISTINCT_MOST) -> tuple[list[int], torch.Tensor] | None:
-    """(the first row of each kind, each row's kind) for a 2-d uint8 tensor of at most `most` kinds of rows, else
-    None. One pass per kind, as an XOR's max: `torch.unique(dim=0)` sorted a BERT linear's 1024 rows of 3840 bytes
-    in 24 ms; a pass takes 0.13 ms.
+def _distinct_rows(*parts: torch.Tensor, most: int = DISTINCT_MOST) -> tuple[list[int], torch.Tensor] | None:
+    """(the first row of each kind, each row's kind) for 2-d bool or byte tensors of one row count, a row's kind
+    being its rows in all of `parts`, where there are at most `most` kinds, else None. One pass per kind and part
+    (`rows_like`): `torch.unique(dim=0)` sorted a BERT linear's 1024 rows of 3840 bytes in 24 ms; a pass takes
+    0.13 ms.
 
     Example:
         >>> _distinct_rows(torch.tensor([[1, 0], [0, 1], [1, 0]], dtype=torch.uint8))
         ([0, 1], tensor([0, 1, 0]))
     """
-    kind = torch.full((rows.shape[0],), -1, dtype=torch.long)
+    kind = torch.full((parts[0].shape[0],), -1, dtype=torch.long)
     first: list[int] = []
     while True:
         left = torch.nonzero(kind < 0)
@@ -155,7 +156,10 @@ def _distinct_rows(rows: torch.Tensor, most: int = DISTINCT_MOST) -> tuple[list[
         if len(first) == most:
             return None
         i = int(left[0, 0])
-        kind[(rows ^ rows[i]).amax(dim=1) == 0] = len(first)  # rows of earlier kinds differ from row i: untouched
+        same = rows_like(parts[0], i)
+        for part in parts[1:]:
+            same = both(same, rows_like(part, i))
+        kind[same] = len(first)  # rows of earlier kinds differ from row i: untouched
         first.append(i)
 
 
@@ -163,9 +167,18 @@ def _one_row_linear(x: torch.Tensor, w: torch.Tensor, allowed: torch.Tensor,
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     # the product rule of y = W x on bool masks directly: no float copies of W, no autograd
     # (those cost ~10 ms per BERT linear, most of it first-touch of fresh 9 MB buffers)
-    # (`both` on bytes: torch's bool & broadcast along the last dim is 30x slower)
-    out = both(any_true(both(w, x), dim=1), allowed)
-    kx = any_true(both(w, out.unsqueeze(1)), dim=0)
+    # (`both` on bytes: torch's bool & broadcast along the last dim is 30x slower). A factor kept whole (a dense
+    # activation, every output reached) is left out of the products, and W's mask, out (x) x, is then a broadcast
+    # view of the other: no n x k pass or fresh 2.4 MB per BERT linear (fresh pages cost 1-3 ms each on a VM)
+    n, k = w.shape
+    x_whole = count_true(x) == k
+    out = both(any_true(w, dim=1) if x_whole else any_of_both(w, x, 1), allowed)
+    out_whole = count_true(out) == n
+    kx = any_true(w, dim=0) if out_whole else any_of_both(w, out.unsqueeze(1), 0)
+    if x_whole:
+        return out, kx, out.unsqueeze(1).expand(n, k)
+    if out_whole:
+        return out, kx, x.unsqueeze(0).expand(n, k)
     return out, kx, both(out.unsqueeze(1), x.unsqueeze(0))
 
 

@@ -69,12 +69,16 @@ class _State:
             shapes.update({f"{node_name}#{j}": s for j, s in enumerate(parts)})
         for name, shape in shapes.items():
             self.base[name] = TeSA.dense(shape)
+        given: set[str] = set()
         for name, tesa in table.items():
             key = graph.canonical(name)
             if key not in self.base:
                 raise TeSANameError(f"TeSA {name!r} names no tensor of the captured graph")
             tesa.check_fits(shapes[key], name)
-            self.base[key] = self.base[key].merge(tesa).expand(shapes[key])
+            # dense at MAX_BITS is the meet's identity: a tensor's first TeSA is taken as it is (no copy of its key;
+            # keys are never written in place), a second one for the same tensor (an alias) is met with it
+            self.base[key] = (self.base[key].merge(tesa) if key in given else tesa).expand(shapes[key])
+            given.add(key)
         self.relevance: dict[str, dict[str, torch.Tensor | None]] = {n: {} for n in self.base}
         self.current: dict[str, TeSA] = dict(self.base)
 
