@@ -105,9 +105,12 @@ def _panel_keys(kept: np.ndarray, panel: int) -> tuple[np.ndarray, np.ndarray]:
     bytes themselves."""
     n, k = kept.shape
     width = -(-k // panel) * panel
-    bits = np.zeros((n, width), dtype=bool)
-    bits[:, :k] = kept
-    bits = bits.reshape(n, width // panel, panel)
+    if width == k:  # whole panels: a view of the mask, no padded copy
+        bits = np.ascontiguousarray(kept, dtype=bool).reshape(n, width // panel, panel)
+    else:
+        bits = np.zeros((n, width), dtype=bool)
+        bits[:, :k] = kept
+        bits = bits.reshape(n, width // panel, panel)
     packed = np.ascontiguousarray(np.packbits(bits, axis=2))
     size = packed.shape[2]
     if size not in (1, 2, 4, 8):
