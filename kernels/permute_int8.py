@@ -97,14 +97,17 @@ def plan_steps(wq: np.ndarray, kept: np.ndarray) -> Steps:
     n, k = kept.shape
     blocks, windows = -(-n // ROWS), max(1, -(-k // WINDOW))
     flat = np.flatnonzero(kept)  # row-major: by row, then k (one index array: 2-d nonzero is 3x slower)
-    rows, cols = flat // k, flat % k
+    rows = flat // k
+    cols = flat - rows * k
     window = cols // WINDOW
     cell = rows * windows + window  # (row, window), nondecreasing
-    index = np.arange(cell.size)
-    opens = np.ones(cell.size, dtype=bool)  # where a new (row, window) starts
-    opens[1:] = cell[1:] != cell[:-1]
-    rank = index - np.maximum.accumulate(np.where(opens, index, 0))  # place among its row's kept k in the window
-    steps = block_steps(kept)
+    # kept per (row, window): each kept k's place among its row's in the window, and `block_steps` without a pass
+    # over the mask (with the flat scatters below: 11-14 -> 7-9 ms a BERT-base FFN weight)
+    per_cell = np.bincount(cell, minlength=n * windows)
+    rank = np.arange(cell.size) - (np.cumsum(per_cell) - per_cell)[cell]
+    fullest = np.zeros((blocks * ROWS, windows), dtype=np.int64)
+    fullest[:n] = per_cell.reshape(n, windows)
+    steps = -(-fullest.reshape(blocks, ROWS, windows).max(axis=1) // QUAD)
     cell_b, cell_w = np.nonzero(steps)
     count = steps[cell_b, cell_w]
     order = np.lexsort((cell_w, -count, cell_b))  # by block, then most steps first, then window
@@ -116,9 +119,9 @@ def plan_steps(wq: np.ndarray, kept: np.ndarray) -> Steps:
     k_bytes = np.zeros((total, ROWS * QUAD), dtype=np.uint8)
     w_bytes = np.zeros((total, ROWS * QUAD), dtype=np.int8)
     step = first_of[(rows // ROWS) * windows + window] + rank // QUAD
-    lane = (rows % ROWS) * QUAD + rank % QUAD
-    k_bytes[step, lane] = cols % WINDOW
-    w_bytes[step, lane] = wq[rows, cols]
+    at = step * (ROWS * QUAD) + (rows % ROWS) * QUAD + rank % QUAD  # (step, lane) as one flat index
+    k_bytes.reshape(-1)[at] = cols - window * WINDOW
+    w_bytes.reshape(-1)[at] = np.take(wq.reshape(-1), flat)
     new_run = np.ones(count.size, dtype=bool)
     new_run[1:] = (cell_b[1:] != cell_b[:-1]) | (count[1:] != count[:-1])
     starts = np.flatnonzero(new_run)
