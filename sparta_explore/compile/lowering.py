@@ -151,8 +151,11 @@ def _sparse_linear(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.M
 def _int8_linear(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Module:
     # scattered patterns: the permute kernel where the CPU has it and the pattern says it wins (kernels/permute_int8.py)
     kind = int8_kernel_for(sub.mask.cpu().numpy())
-    return kind(part_weight(ctx.module, sub), bias, sub.mask, block_rows=sub.block[0], activation=activation,
-                cache_dir=ctx.cache_dir, weight_bits=sub.weight_bits, act_bits=sub.act_bits, expected_m=ctx.m)
+    # masked already either way (the working copy's weight, or part_weight's copy): the kernel holds it as it is,
+    # not a third copy (two 9 MB copies of fresh pages per BERT FFN op before)
+    weight = ctx.module.weight.detach() if ctx.masked and ctx.whole else part_weight(ctx.module, sub)
+    return kind(weight, bias, sub.mask, block_rows=sub.block[0], activation=activation, cache_dir=ctx.cache_dir,
+                weight_bits=sub.weight_bits, act_bits=sub.act_bits, expected_m=ctx.m, zeroed=True)
 
 
 @register_builder("dense", "conv")
