@@ -20,14 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sparta_explore.kernels.groups import Groups
+from sparta_explore.kernels.groups import Groups, _exclusive_cumsum
 from sparta_explore.kernels.panels import ONE_WORD, Panels
-
-
-def _exclusive_cumsum(values: np.ndarray) -> np.ndarray:
-    out = np.zeros(len(values) + 1, dtype=np.int64)
-    np.cumsum(values, out=out[1:])
-    return out
 
 
 def scattered_groups(kept: np.ndarray, short: float) -> Groups | None:
