@@ -36,6 +36,7 @@ from sparta_explore.kernels.panels import (
 )
 from sparta_explore.kernels.pattern_data import KernelSource, PatternTables
 from sparta_explore.kernels.scattered import is_scattered, scattered_panels
+from sparta_explore.kernels.word_pairs import WordMap, pair_offsets
 
 V = 3  # vectors of M per register tile (default)
 LAYOUTS = ("rows", "segments")
@@ -87,14 +88,50 @@ def _vectors(r: int) -> int:
 FMA_CHAINS = 8  # independent accumulators that keep two FMA pipes of latency 4 busy
 
 
+_HIGH_FLOAT = """
+/* the float whose bits are the high half of q: a weight stored beside its int32 X offset (kernels/word_pairs.py) */
+static inline float high_float(uint64_t q) {
+    const uint32_t u = (uint32_t)(q >> 32); float f; memcpy(&f, &u, 4); return f;
+}
+"""
+
+
+def _paired_loop(v: int, ways: int) -> str:
+    """C of a one-row tile's flat loop over (offset, weight) words (kernels/word_pairs.py), into a0{j}."""
+    names = [[f"a0{j}" if s == 0 else f"s{s}_0{j}" for j in range(v)] for s in range(ways)]
+
+    def piece(s: int, at: str) -> str:
+        return (f"const uint64_t q{s}_ = q[{at}]; const float *x{s}_ = xb + (int32_t)q{s}_ + t; "
+                f"const float w{s}_ = high_float(q{s}_); "
+                + " ".join(f"{names[s][j]} += w{s}_ * LD(x{s}_ + {j} * VEC);" for j in range(v)))
+
+    decl = " ".join(f"vf {names[s][j]} = zero;" for s in range(1, ways) for j in range(v))
+    sums = " ".join(f"a0{j} += {' + '.join(names[s][j] for s in range(1, ways))};" for j in range(v)) \
+        if ways > 1 else ""
+    return f"""        const uint64_t *q = (const uint64_t *)w;
+        const long n = E_P1[e] - E_P0[e];
+        long i = 0;
+        {decl}
+        for (; i + {ways} <= n; i += {ways}) {{
+            {" ".join(piece(s, f"i + {s}") for s in range(ways))}
+        }}
+        for (; i < n; ++i) {{
+            {piece(0, "i")}
+        }}
+        {sums}"""
+
+
 def _flat_loop(r: int, v: int) -> str:
     """C of a tile's flat loop over one-k pieces (scattered rows), accumulating into a{i}{j}.
 
     A one-row tile of three vectors has three accumulators: each FMA waits for the one before it
     (latency 4, two pipes), so it ran at 3 of 8 FMAs in flight. Here `ways` pieces go into
-    `ways` sets of accumulators at once (FMA_CHAINS chains in all), summed at the end.
+    `ways` sets of accumulators at once (FMA_CHAINS chains in all), summed at the end. One-row
+    tiles read their pieces as (offset, weight) words (`word_pairs.pair_offsets`).
     """
     ways = max(1, min(4, -(-FMA_CHAINS // (r * v))))
+    if r == 1:
+        return _paired_loop(v, ways)
     one = (" ".join(f"const vf x{j} = LD(x + {j} * VEC);" for j in range(v)) + " "
            + " ".join(f"a{i}{j} += w[{i}] * x{j};" for i in range(r) for j in range(v)))
     single = f"""        for (; p < E_P1[e]; ++p, w += {r}) {{
@@ -391,6 +428,10 @@ def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, n
         if cfg.panel and panels.e_flags.size and bool((panels.e_flags & ONE_WORD).all()):
             panels, word_order = by_length(panels, chunk_g0, groups.rows)
     p_x = io.offsets(panels.p_k0, cfg.tile_vectors * vec)
+    # scattered one-row entries read (offset, weight) pairs out of W: one load a kept weight instead of two
+    panels, p_x, pairs = pair_offsets(panels, groups.rows, p_x)
+    words = pairs.composed(word_order) if pairs is not None else \
+        None if word_order is None else WordMap(word_order, np.zeros(len(word_order), np.int32))
     # with the pattern as data, the panel loop's literal count is bucketed: one library serves every K of a bucket
     e_ptr, n_panels = bucketed(panels.e_ptr, panels.count, len(chunk_g0) + 1) if as_data and cfg.panel else \
         (panels.e_ptr, panels.count)
@@ -405,10 +446,10 @@ def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, n
         finish = finish_tile("none", before_unpack="            act_rows(yb, C_N0[c0], C_N1[c1 - 1]);\n")
     else:
         extra, finish, tile_act = "", finish_tile(act), act
-    tiles = "".join(_tile_function(r, tile_act, cfg.vectors_for(r)) for r in range(1, cfg.rows + 1))
+    tiles = _HIGH_FLOAT + "".join(_tile_function(r, tile_act, cfg.vectors_for(r)) for r in range(1, cfg.rows + 1))
     shape = shape_tables(io, as_data, n_in, n_out)
     tables = shape + tables
     body = entry_loop(n_panels, dispatch, finish, panel_outer_bytes=cache_bytes(2) // 2)
     text = fp32_source(vec, cfg, n_in, n_out, tables.c(as_data) + extra + tiles, fp32_driver(name, body), io=io,
                        shape_in_tables=bool(shape.scalars))
-    return KernelSource(text, tables, as_data, word_order)
+    return KernelSource(text, tables, as_data, words)

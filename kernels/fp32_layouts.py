@@ -33,7 +33,7 @@ def _rows_layout(weight: np.ndarray, kept: np.ndarray, block_rows: int, cfg: Til
         groups = unit_segments(plan_groups(kept, block_rows, cfg.rows), 1, short)
     source = generate_source(groups, kept.shape[0], kept.shape[1], vec, act, name, cfg, io, as_data=as_data)
     packed = pack_weights(weight, kept, groups)
-    return source, packed if source.word_order is None or not source.word_order.size else packed[source.word_order]
+    return source, source.kernel_words(packed)
 
 
 def _segments_layout(weight: np.ndarray, kept: np.ndarray, block_rows: int, cfg: TileConfig, vec: int, act: str,

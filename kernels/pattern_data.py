@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from sparta_explore.kernels.word_pairs import Interleaved, WordMap
+
 # Pattern tables longer than this are baked as assembler data: gcc's C parser spent most of a kernel's build
 # reading them as initializers (BERT-base 768x3072 at 90%: fp32 1.3 -> 0.35 s, int8 1.25 -> 0.87 s per build);
 # inside one `__asm__` string they are a few tokens, the assembler reads them fast, and the code is the same
@@ -126,10 +128,14 @@ def pattern_struct(t64: torch.Tensor, t32: torch.Tensor, layout: tuple[int, ...]
 @dataclass(frozen=True)
 class KernelSource:
     """A generated kernel: its C text and the pattern tables it reads (baked into the text, or `as_data`), and where
-    the kernel reads its packed weights in another order than they were packed, the gather index (`word_order`:
-    kernel's words = packed[word_order])."""
+    the kernel reads its weight array in another order than the weights were packed, or with other words among
+    them (`words`: kernels/word_pairs.py; kernel's array = `kernel_words(packed)`)."""
 
     text: str
     tables: PatternTables
     as_data: bool
-    word_order: np.ndarray | None = field(default=None, compare=False)
+    words: WordMap | Interleaved | None = field(default=None, compare=False)
+
+    def kernel_words(self, packed: np.ndarray) -> np.ndarray:
+        """The float32 array the kernel reads as W, from the weights packed in groups' order."""
+        return packed if self.words is None else self.words.apply(packed)

@@ -174,7 +174,8 @@ def test_scattered_rows_with_split_accumulators_match_reference(tmp_path, tile):
     kept = torch.zeros(n, k, dtype=torch.bool)
     for row in range(n):
         kept[row, torch.randperm(k, generator=g)[:row % 12]] = True
-    assert "p += 4" in bsr_codegen._flat_loop(1, 1) and "p += 3" in bsr_codegen._flat_loop(1, 3)
+    assert "i += 4" in bsr_codegen._flat_loop(1, 1) and "i += 3" in bsr_codegen._flat_loop(1, 3)
+    assert "p += 2" in bsr_codegen._flat_loop(2, 2) and "high_float" not in bsr_codegen._flat_loop(2, 2)
     assert "s1_" not in bsr_codegen._flat_loop(4, 2)  # eight chains already
     lin = SparseLinear(torch.randn(n, k, generator=g), torch.randn(n, generator=g), kept, cache_dir=tmp_path,
                        tile=tile)
