@@ -29,11 +29,13 @@ run their first few cold), then take `--repeats` turns on the case: a block of o
 block of DeepSparse's, about 0.1 s each (`peers_client.take_turns`): on a shared machine the
 speed drifts by up to 1.5x over seconds, and one side timed after the other measured the drift.
 ours_ms and ds_ms are the medians of all their calls; `blocks` is the lowest and highest ratio of
-one turn's two medians (how far the machine moved it).
+one turn's two medians (how far the machine moved it), `blk_med` the median of those ratios: each
+compares two blocks timed back to back, so it moves less with the machine's drift than ds/ours
+(both against DeepSparse's layout that ds/ours takes).
 
 Printed: a header (CPU model, the flags that matter, threads, torch and deepsparse versions),
 then one row per case: BxS, ours_ms, ds_ms, ds/ours (> 1: ours is faster; against the faster of
-DeepSparse's two layouts, a note says when that is (M, K)), blocks, ds2d_ms, ours_build_s,
+DeepSparse's two layouts, a note says when that is (M, K)), blocks, blk_med, ds2d_ms, ours_build_s,
 ds_compile_s, ours_err and ds_err (max |y - y_ref| / max |y_ref| against the masked fp32 torch
 module; int8 rows include the quantization error) and notes
 (our kernel path; DeepSparse's share of supported ops, its error against the same
@@ -105,6 +107,7 @@ class Case:
     ds: dict[str, Any] = field(default_factory=dict)  # DeepSparse on (B, SEQ, K)
     ds2d: dict[str, Any] = field(default_factory=dict)  # DeepSparse on (M, K), M one-row samples
     turns: Turns = field(default_factory=Turns)  # the (B, SEQ, K) turns: per-block ratios
+    turns2d: Turns = field(default_factory=Turns)  # the (M, K) turns
 
     @property
     def id(self) -> str:
@@ -238,7 +241,7 @@ def timed_case(case: Case, call: Callable[[], Any], peer: PeerServer, tmp: Path,
         if layout == "3d":
             case.ours_ms, case.ds, case.turns = statistics.median(turns.ours) * 1e3, record, turns
         else:
-            case.ds2d = record
+            case.ds2d, case.turns2d = record, turns
 
 
 def fmt(value: float, spec: str) -> str:
@@ -264,14 +267,17 @@ def print_table(rows: list[Case], threads: int, failure: str | None, load: float
     print(f"input: ours and ds (B, {SEQ}, K), DeepSparse batch_size=B; ds2d: (M, K), batch_size=M | build and "
           "compile: cold (ours: an empty kernel cache per case; ds: ONNX export + Engine)")
     print(f"{'K->N':<15} {'BxS':>6} {'pattern':>12} {'prec':>5} {'ours_ms':>9} {'ds_ms':>9} {'ds/ours':>8} "
-          f"{'blocks':>9} {'ds2d_ms':>9} {'ours_build_s':>12} {'ds_compile_s':>12} {'ours_err':>9} {'ds_err':>9}"
+          f"{'blocks':>9} {'blk_med':>7} {'ds2d_ms':>9} {'ours_build_s':>12} {'ds_compile_s':>12} {'ours_err':>9} "
+          f"{'ds_err':>9}"
           "  notes")
     for c in rows:
         ds_ms, ds_err = float(c.ds.get("ms", math.nan)), float(c.ds.get("err", math.nan))
         best_ms = min(ds_ms, float(c.ds2d.get("ms", math.inf)))  # the peer as it runs best (nan stays nan)
         notes = list(c.notes)
+        turns = c.turns
         if best_ms < ds_ms:
             notes.append("ds/ours against DS in 2-D, its faster layout here")
+            turns = c.turns2d
         for label, ds in (("DS", c.ds), ("DS 2-D", c.ds2d)):
             if "error" in ds and failure is None:
                 notes.append(f"{label} failed: {ds['error']}")
@@ -282,7 +288,7 @@ def print_table(rows: list[Case], threads: int, failure: str | None, load: float
         if c.ds2d.get("err", 0.0) > max(2 * ds_err, 1e-5):  # also when the 3-D run has no error to compare
             notes.append(f"DS 2-D err {c.ds2d['err']:.1e}")
         print(f"{c.shape:<15} {c.batch:>6} {c.pattern:>12} {c.prec:>5} {fmt(c.ours_ms, '9.2f')} {fmt(ds_ms, '9.2f')} "
-              f"{fmt(best_ms / c.ours_ms, '8.2f')} {c.turns.ratio_range():>9} "
+              f"{fmt(best_ms / c.ours_ms, '8.2f')} {turns.ratio_range():>9} {fmt(turns.median_ratio(), '7.2f')} "
               f"{fmt(float(c.ds2d.get('ms', math.nan)), '9.2f')} "
               f"{fmt(c.ours_build_s, '12.2f')} {fmt(float(c.ds.get('compile_s', math.nan)), '12.2f')} "
               f"{fmt(c.ours_err, '9.1e')} {fmt(ds_err, '9.1e')}  {'; '.join(notes)}", flush=True)

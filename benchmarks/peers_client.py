@@ -131,6 +131,11 @@ class Turns:
         """The lowest and highest per-block ratio, e.g. '0.93-1.08' (how much the machine moved the ratio)."""
         return f"{min(self.ratios):.2f}-{max(self.ratios):.2f}" if self.ratios else "-"
 
+    def median_ratio(self) -> float:
+        """The median of the per-block ratios (nan without any): each compares two blocks timed back to back, so a
+        drift of the machine's speed over the run moves it less than the ratio of the two sides' medians."""
+        return statistics.median(self.ratios) if self.ratios else math.nan
+
 
 def _calls(seconds_per_call: float) -> int:
     return max(MIN_CALLS, math.ceil(BLOCK_SECONDS / max(seconds_per_call, 1e-6)))

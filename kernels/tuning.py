@@ -43,7 +43,7 @@ TUNING_VERSION = 19  # 10: long runs and sharing capped; 11: shapes to half an o
 # 15: K-panel tilings on 16 floats apply their activation as a pass over rows; 16: one-word segments below 8 words;
 # 17: tall blocks on 8-row (AVX2: 6-row) tiles of 2 vectors, segments' 6x2x2 for few rows
 # 18: fp32 K panels of 48 KiB or more (`panels.fp32_budget`); 19: scattered one-row entries read (offset, weight)
-# words (`word_pairs`)
+# words (`word_pairs`), work items handed to threads one at a time (`schedule(dynamic, 1)`)
 
 
 # Blocks of 8 rows or more, per vector width. Zen 5, the old set (8x8 .. 32x32 at 90%, BERT shapes, with and

@@ -21,7 +21,9 @@ void ${name}(const float *X, float *Y, long M, const float *W, const float *bias
                 pack_tile(X, shared + i * XB_FLOATS, m0, M - m0 < TILE ? M - m0 : TILE, P);
             }
         }
-        #pragma omp for schedule(static)
+        /* handed out one at a time: where one core runs slower (a busy neighbour on a shared machine), the other
+           takes more items instead of waiting for it at the end */
+        #pragma omp for schedule(dynamic, 1)
         for (long item = 0; item < tiles * split; ++item) {
             const long tile = item / split, m0 = tile * TILE;
             const long c0 = split == 1 ? 0 : item % split, c1 = split == 1 ? N_CHUNKS : c0 + 1;

@@ -31,7 +31,7 @@ void fused_pair(const float *X, float *Y, long M, long T, pack_rows_fn pack_rows
         float *sb = aligned_alloc(64, sizeof(float) * ((T + 15) / 16 * 16));
         float *ya = aligned_alloc(64, sizeof(float) * a->n_out * T);
         float *yb = aligned_alloc(64, sizeof(float) * b->n_out * T);
-        #pragma omp for schedule(static)
+        #pragma omp for schedule(dynamic, 1)  /* a slower core takes fewer tiles */
         for (long i = 0; i < tiles; ++i) {
             const long m0 = i * T, mt = M - m0 < T ? M - m0 : T;
             pack_rows(X, xa, sa, m0, mt);
@@ -66,7 +66,7 @@ void fused_pair_fp32(const float *X, float *Y, long M, long T, pack_rows32_fn pa
         float *xa = aligned_alloc(64, sizeof(float) * ((a->xb_floats + 15) / 16 * 16));
         float *ya = aligned_alloc(64, sizeof(float) * ((mid + 15) / 16 * 16));
         float *yb = aligned_alloc(64, sizeof(float) * b->n_out * T);
-        #pragma omp for schedule(static)
+        #pragma omp for schedule(dynamic, 1)  /* a slower core takes fewer tiles */
         for (long i = 0; i < tiles; ++i) {
             const long m0 = i * T, mt = M - m0 < T ? M - m0 : T;
             pack_rows(X, xa, m0, mt, a->pattern);
@@ -94,7 +94,7 @@ void fused_pair_permute(const float *X, float *Y, long M, long K1, long N1, long
         uint8_t *xa = aligned_alloc(64, T * pad1), *xb = aligned_alloc(64, T * pad2);
         float *ya = aligned_alloc(64, sizeof(float) * ((T * N1 + 15) / 16 * 16));
         float *sa = aligned_alloc(64, sizeof(float) * 64), *sb = aligned_alloc(64, sizeof(float) * 64);
-        #pragma omp for schedule(static)
+        #pragma omp for schedule(dynamic, 1)  /* a slower core takes fewer tiles */
         for (long i = 0; i < tiles; ++i) {
             const long m0 = i * T, mt = M - m0 < T ? M - m0 : T;
             quantize_a(X, xa, sa, m0, mt, K1);

@@ -44,7 +44,7 @@ void ${name}(const float *X, float *Y, long M, const int32_t *W, const int32_t *
             for (long i = 0; i < tiles; ++i)
                 pack_tile(X, sq + i * XB_ELEMS, ss + i * TILE, i * TILE, M - i * TILE < TILE ? M - i * TILE : TILE, xs);
         }
-        #pragma omp for schedule(static)
+        #pragma omp for schedule(dynamic, 1)  /* a slower core takes fewer items (see fp32_driver.c) */
         for (long item = 0; item < tiles * split; ++item) {
             const long tile = item / split, m0 = tile * TILE;
             const long c0 = split == 1 ? 0 : item % split, c1 = split == 1 ? N_CHUNKS : c0 + 1;

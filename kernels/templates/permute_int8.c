@@ -182,12 +182,23 @@ void permute_int8(const float *X, float *Y, long M, long K, long N, const struct
         uint8_t *xq = aligned_alloc(64, MT * K_PAD);
         float sx[MT];
         long quantized = -1;
-        #pragma omp for schedule(static)
-        for (long item = 0; item < tiles * split; ++item) {
-            const long tile = item / split, part = item % split, m0 = tile * MT;
-            const long mt = M - m0 < MT ? M - m0 : MT;
-            if (quantized != tile) { quantize_tile(X, xq, sx, m0, mt, K, K_PAD); quantized = tile; }
-            permute_int8_tile(xq, sx, Y, m0, mt, K, N, L, blocks * part / split, blocks * (part + 1) / split);
+        if (split == 1) {
+            /* whole tiles handed out one at a time: a slower core (a busy neighbour) takes fewer */
+            #pragma omp for schedule(dynamic, 1)
+            for (long tile = 0; tile < tiles; ++tile) {
+                const long m0 = tile * MT, mt = M - m0 < MT ? M - m0 : MT;
+                quantize_tile(X, xq, sx, m0, mt, K, K_PAD);
+                permute_int8_tile(xq, sx, Y, m0, mt, K, N, L, 0, blocks);
+            }
+        } else {
+            /* in order, so that a thread's items of one tile follow each other and it quantizes the tile once */
+            #pragma omp for schedule(static)
+            for (long item = 0; item < tiles * split; ++item) {
+                const long tile = item / split, part = item % split, m0 = tile * MT;
+                const long mt = M - m0 < MT ? M - m0 : MT;
+                if (quantized != tile) { quantize_tile(X, xq, sx, m0, mt, K, K_PAD); quantized = tile; }
+                permute_int8_tile(xq, sx, Y, m0, mt, K, N, L, blocks * part / split, blocks * (part + 1) / split);
+            }
         }
         free(xq);
     }
