@@ -14,22 +14,28 @@ void ${name}(const float *X, float *Y, long M, const float *W, const float *bias
     {
         float *xb = split == 1 ? aligned_alloc(64, sizeof(float) * XB_FLOATS) : NULL;
         float *yb = aligned_alloc(64, sizeof(float) * N_OUT * TILE);
-        if (split != 1) {
+        if (split == 1) {
+            /* whole tiles handed out one at a time, not in two fixed halves: where one core runs slower (a busy
+               neighbour on a shared machine), the other takes more tiles instead of waiting for it at the end */
+            #pragma omp for schedule(dynamic, 1)
+            for (long tile = 0; tile < tiles; ++tile) {
+                const long m0 = tile * TILE, mt = M - m0 < TILE ? M - m0 : TILE;
+                pack_tile(X, xb, m0, mt, P);
+                run_item(xb, yb, Y, m0, mt, 0, N_CHUNKS, W, bias, P);
+            }
+        } else {
+            /* few tiles: each packed once, its chunks split over threads, in order, so that a thread runs the
+               tiles it packed */
             #pragma omp for schedule(static)
             for (long i = 0; i < tiles; ++i) {
                 const long m0 = i * TILE;
                 pack_tile(X, shared + i * XB_FLOATS, m0, M - m0 < TILE ? M - m0 : TILE, P);
             }
-        }
-        /* handed out one at a time: where one core runs slower (a busy neighbour on a shared machine), the other
-           takes more items instead of waiting for it at the end */
-        #pragma omp for schedule(dynamic, 1)
-        for (long item = 0; item < tiles * split; ++item) {
-            const long tile = item / split, m0 = tile * TILE;
-            const long c0 = split == 1 ? 0 : item % split, c1 = split == 1 ? N_CHUNKS : c0 + 1;
-            const long mt = M - m0 < TILE ? M - m0 : TILE;
-            if (split == 1) pack_tile(X, xb, m0, mt, P);
-            run_item(split == 1 ? xb : shared + tile * XB_FLOATS, yb, Y, m0, mt, c0, c1, W, bias, P);
+            #pragma omp for schedule(static)
+            for (long item = 0; item < tiles * split; ++item) {
+                const long tile = item / split, m0 = tile * TILE, c = item % split;
+                run_item(shared + tile * XB_FLOATS, yb, Y, m0, M - m0 < TILE ? M - m0 : TILE, c, c + 1, W, bias, P);
+            }
         }
         free(xb);
         free(yb);

@@ -27,6 +27,14 @@ ${tables}${tiles}
 ${unpack}
 ${row_scale}
 ${pack}
+/* Chunks c0..c1 of a packed tile (xq, its row scales sx) into yb (N_OUT x TILE), then those rows of yb to
+   rows m0.. of Y (none when Y is NULL: a fused pair reads yb). */
+static void run_item(const ${elem} *xq, const float *sx, float *yb, float *Y, long m0, long mt, long c0, long c1,
+                     const int32_t *W, const int32_t *corr, const float *ws, const float *bias,
+                     const struct pattern *P) {
+    const vf zero = {0}; const vf one = zero + 1.0f; (void)one; (void)zero;
+${loop}}
+
 void ${name}(const float *X, float *Y, long M, const int32_t *W, const int32_t *corr, const float *ws,
             const float *bias, const float *xs, const struct pattern *P) {
     const long tiles = (M + TILE - 1) / TILE;
@@ -38,21 +46,28 @@ void ${name}(const float *X, float *Y, long M, const int32_t *W, const int32_t *
         ${elem} *xb = split == 1 ? aligned_alloc(64, sizeof(${elem}) * XB_ELEMS) : NULL;
         float *sb = split == 1 ? aligned_alloc(64, sizeof(float) * TILE) : NULL;
         float *yb = aligned_alloc(64, sizeof(float) * N_OUT * TILE);
-        const vf zero = {0}; const vf one = zero + 1.0f; (void)one;
-        if (split != 1) {
+        if (split == 1) {
+            /* whole tiles handed out one at a time: a slower core (a busy neighbour) takes fewer */
+            #pragma omp for schedule(dynamic, 1)
+            for (long tile = 0; tile < tiles; ++tile) {
+                const long m0 = tile * TILE, mt = M - m0 < TILE ? M - m0 : TILE;
+                pack_tile(X, xb, sb, m0, mt, xs);
+                run_item(xb, sb, yb, Y, m0, mt, 0, N_CHUNKS, W, corr, ws, bias, P);
+            }
+        } else {
+            /* few tiles: each packed once, its chunks split over threads, in order: a thread runs the tiles
+               it packed (handed out one at a time, items read the other core's packed tiles: M = 128 0.30 ->
+               0.38 ms at 768 -> 3072) */
             #pragma omp for schedule(static)
             for (long i = 0; i < tiles; ++i)
                 pack_tile(X, sq + i * XB_ELEMS, ss + i * TILE, i * TILE, M - i * TILE < TILE ? M - i * TILE : TILE, xs);
+            #pragma omp for schedule(static)
+            for (long item = 0; item < tiles * split; ++item) {
+                const long tile = item / split, m0 = tile * TILE, c = item % split;
+                run_item(sq + tile * XB_ELEMS, ss + tile * TILE, yb, Y, m0, M - m0 < TILE ? M - m0 : TILE, c, c + 1,
+                         W, corr, ws, bias, P);
+            }
         }
-        #pragma omp for schedule(dynamic, 1)  /* a slower core takes fewer items (see fp32_driver.c) */
-        for (long item = 0; item < tiles * split; ++item) {
-            const long tile = item / split, m0 = tile * TILE;
-            const long c0 = split == 1 ? 0 : item % split, c1 = split == 1 ? N_CHUNKS : c0 + 1;
-            const long mt = M - m0 < TILE ? M - m0 : TILE;
-            if (split == 1) pack_tile(X, xb, sb, m0, mt, xs);
-            const ${elem} *xq = split == 1 ? xb : sq + tile * XB_ELEMS;
-            const float *sx = split == 1 ? sb : ss + tile * TILE;
-${loop}        }
         free(xb);
         free(sb);
         free(yb);
@@ -75,11 +90,8 @@ void ${name}_pack_rows(const float *X, ${elem} *xq, float *sx, long m0, long mt)
 void ${name}_run_tile(const ${elem} *xq, const float *sx, float *yb, const int32_t *W, const int32_t *corr,
                       const float *ws, const float *bias, const struct pattern *P) {
     /* every chunk of one tile into yb (N_OUT x TILE): sums, empty rows, activation; nothing to Y */
-    const vf zero = {0}; const vf one = zero + 1.0f; (void)one;
-    const long m0 = 0, mt = TILE, c0 = 0, c1 = N_CHUNKS;
-    float *Y = NULL;
-    (void)m0; (void)mt;
-${loop}}
+    run_item(xq, sx, yb, NULL, 0, TILE, 0, N_CHUNKS, W, corr, ws, bias, P);
+}
 
 void ${name}_pack_kmajor(const float *src, ${elem} *xq, float *sx) {
     /* src is K_IN x TILE floats (a tile of the previous layer's output, K-major). Each row t gets its
