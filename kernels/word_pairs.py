@@ -13,7 +13,8 @@ weight) pairs at an even offset of the weight array (`E_WOFF`), its pieces leave
 `P_LEN` (its `E_P0`, `E_P1` keep only their difference, the piece count), and every other
 entry keeps its words, padded to an even count. The returned `WordMap` says where each word of
 the new array comes from: the old array's word `gather[i]`, or the int32 `fill[i]` (an offset,
-or zero padding) where `gather[i]` is -1.
+or zero padding) where `gather[i]` is -1. Where every entry pairs and piece p's weight is word p
+(unstructured patterns), `Interleaved` says the same without index arrays.
 
 Example:
     >>> from sparta_explore.kernels.panels import Panels
@@ -118,7 +119,17 @@ def pair_offsets(panels: Panels, group_rows: np.ndarray, p_x: np.ndarray) -> tup
 
 def paired_tables(panels: Panels, e_rows: np.ndarray, paired: np.ndarray, p_x: np.ndarray) -> tuple[Panels, np.ndarray,
                                                                                                    WordMap]:
-    """`pair_offsets` for any mix of entries (`paired`: which read pairs; `e_rows`: each entry's rows)."""
+    """`pair_offsets` for any mix of entries (`paired`: which read pairs; `e_rows`: each entry's rows).
+
+    Example (a plain entry of one word, padded to two, then a paired entry of one piece):
+        >>> from sparta_explore.kernels.panels import Panels
+        >>> p = Panels(rows=4, e_group=np.array([0, 1]), e_piece0=np.array([0, 1]), e_piece1=np.array([1, 2]),
+        ...            e_woff=np.array([0, 1]), e_flags=np.array([3, 7]), p_k0=np.array([2, 5]),
+        ...            p_len=np.array([1, 1]), e_ptr=np.array([0, 2]), count=1)
+        >>> new, p_x, words = paired_tables(p, np.array([1, 1]), np.array([False, True]), np.array([96, 240], np.int32))
+        >>> words.gather.tolist(), words.fill.tolist(), new.e_woff.tolist(), p_x.tolist()
+        ([0, -1, -1, 1], [0, 0, 240, 0], [0, 2], [96])
+    """
     p0, p1 = panels.e_piece0.astype(np.int64), panels.e_piece1.astype(np.int64)
     n_pieces = p1 - p0
     k_before = _exclusive_cumsum(panels.p_len)
