@@ -36,7 +36,7 @@ from sparta_explore.kernels.panels import (
 )
 from sparta_explore.kernels.pattern_data import KernelSource, PatternTables
 from sparta_explore.kernels.scattered import is_scattered, scattered_panels
-from sparta_explore.kernels.word_pairs import WordMap, pair_offsets
+from sparta_explore.kernels.word_pairs import pair_offsets
 
 V = 3  # vectors of M per register tile (default)
 LAYOUTS = ("rows", "segments")
@@ -429,9 +429,7 @@ def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, n
             panels, word_order = by_length(panels, chunk_g0, groups.rows)
     p_x = io.offsets(panels.p_k0, cfg.tile_vectors * vec)
     # scattered one-row entries read (offset, weight) pairs out of W: one load a kept weight instead of two
-    panels, p_x, pairs = pair_offsets(panels, groups.rows, p_x)
-    words = pairs.composed(word_order) if pairs is not None else \
-        None if word_order is None else WordMap(word_order, np.zeros(len(word_order), np.int32))
+    panels, p_x, words = pair_offsets(panels, groups.rows, p_x, word_order)
     # with the pattern as data, the panel loop's literal count is bucketed: one library serves every K of a bucket
     e_ptr, n_panels = bucketed(panels.e_ptr, panels.count, len(chunk_g0) + 1) if as_data and cfg.panel else \
         (panels.e_ptr, panels.count)

@@ -39,10 +39,11 @@ from sparta_explore.kernels.panels import ONE_WORD, Panels
 
 @dataclass(frozen=True)
 class WordMap:
-    """Word i of a kernel's weight array: the packed word `gather[i]`, or the int32 bits `fill[i]` where that is -1."""
+    """Word i of a kernel's weight array: the packed word `gather[i]`, or the int32 bits `fill[i]` where that is -1
+    (no `fill`: a reordering only, every `gather[i]` a word)."""
 
     gather: np.ndarray  # int64
-    fill: np.ndarray    # int32
+    fill: np.ndarray | None = None  # int32
 
     def apply(self, words: np.ndarray) -> np.ndarray:
         """The kernel's float32 weight array from the words it would read without pairs.
@@ -51,10 +52,10 @@ class WordMap:
             >>> WordMap(np.array([-1, 0]), np.array([5, 0], dtype=np.int32)).apply(np.array([2.5], np.float32))[1]
             np.float32(2.5)
         """
+        if self.fill is None:
+            return words.take(self.gather)
         out = words.take(np.maximum(self.gather, 0)) if words.size else np.zeros(self.gather.size, np.float32)
-        filled = self.gather < 0
-        if filled.any():
-            np.copyto(out, self.fill.view(np.float32), where=filled)
+        np.copyto(out, self.fill.view(np.float32), where=self.gather < 0)
         return out
 
     def composed(self, order: np.ndarray | None) -> WordMap:
@@ -99,22 +100,24 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.repeat(starts.astype(np.int64) - _exclusive_cumsum(lengths)[:-1], lengths) + np.arange(total)
 
 
-def pair_offsets(panels: Panels, group_rows: np.ndarray, p_x: np.ndarray) -> tuple[Panels, np.ndarray,
-                                                                                   WordMap | Interleaved | None]:
+def pair_offsets(panels: Panels, group_rows: np.ndarray, p_x: np.ndarray, order: np.ndarray | None = None,
+                 ) -> tuple[Panels, np.ndarray, WordMap | Interleaved | None]:
     """(panels, P_X) with every scattered one-row entry reading (offset, weight) pairs, and the map of the new weight
-    array; the inputs as they are and None where no entry is such."""
+    array from the packed weights, which the kernel's words were before as `packed[order]` (`order` None: as
+    packed); where no entry pairs, the inputs as they are and `order` as a map (None where None)."""
     e_rows = np.asarray(group_rows, dtype=np.int64)[panels.e_group] if panels.e_group.size else \
         np.zeros(0, np.int64)
     paired = ((panels.e_flags & ONE_WORD) != 0) & (e_rows == 1)
     if not paired.any():
-        return panels, p_x, None
+        return panels, p_x, None if order is None or not order.size else WordMap(order)
     p0, p1 = panels.e_piece0.astype(np.int64), panels.e_piece1.astype(np.int64)
     n_pieces = p1 - p0
     if paired.all() and np.array_equal(panels.e_woff, p0):  # piece p's weight is word p: interleave them
         new = replace(panels, e_piece0=np.zeros_like(p0), e_piece1=n_pieces, e_woff=2 * p0,
                       p_k0=panels.p_k0[:0], p_len=panels.p_len[:0])
-        return new, p_x[:0], Interleaved(np.ascontiguousarray(p_x, dtype=np.int32))
-    return paired_tables(panels, e_rows, paired, p_x)
+        return new, p_x[:0], Interleaved(np.ascontiguousarray(p_x, dtype=np.int32)).composed(order)
+    new, new_p_x, words = paired_tables(panels, e_rows, paired, p_x)
+    return new, new_p_x, words.composed(order)
 
 
 def paired_tables(panels: Panels, e_rows: np.ndarray, paired: np.ndarray, p_x: np.ndarray) -> tuple[Panels, np.ndarray,

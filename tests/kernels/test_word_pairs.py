@@ -63,9 +63,13 @@ def test_paired_tables_read_what_the_plain_tables_read(seed, repeated, panel_row
     p_x = (panels.p_k0 * TILE).astype(np.int32)
     new, new_p_x, pairs = pair_offsets(panels, groups.rows, p_x)
     before = reads(panels, groups.rows, p_x, words, paired=False)
+    _, _, from_packed = pair_offsets(panels, groups.rows, p_x, order)  # the map straight from the packed weights
     if pairs is None:
         assert not bool((((panels.e_flags & ONE_WORD) != 0) & (groups.rows[panels.e_group] == 1)).any())
+        assert (from_packed is None) == (order is None)
+        assert from_packed is None or np.array_equal(from_packed.apply(packed), words)
         return
+    assert np.array_equal(from_packed.apply(packed).view(np.int32), pairs.apply(words).view(np.int32))
     assert reads(new, groups.rows, new_p_x, pairs.apply(words), paired=True) == before
     # straight from the packed weights through the composed map: the same array
     assert np.array_equal(pairs.composed(order).apply(packed).view(np.int32), pairs.apply(words).view(np.int32))
@@ -96,11 +100,15 @@ def test_unstructured_patterns_interleave_as_the_general_path_lays_them_out(seed
 
 
 def test_no_scattered_one_row_entry_leaves_the_tables_as_they_are():
-    groups, panels, words, _, _ = layouts(3, 1, 10_000)
+    groups, panels, words, packed, order = layouts(2, 1, 16)
     rows = np.full_like(groups.rows, 2)  # as if every group had two rows
     p_x = (panels.p_k0 * TILE).astype(np.int32)
     new, new_p_x, pairs = pair_offsets(panels, rows, p_x)
     assert pairs is None and new is panels and new_p_x is p_x
+    # with the by-length order: a reordering map only, no fill
+    new, new_p_x, reordered = pair_offsets(panels, rows, p_x, order)
+    assert new is panels and new_p_x is p_x and reordered.fill is None
+    assert np.array_equal(reordered.apply(packed), packed[order]) and not np.array_equal(packed[order], packed)
 
 
 def test_word_map_fills_offsets_and_zero_padding():
