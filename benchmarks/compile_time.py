@@ -14,7 +14,8 @@ Small models (digits workloads; 4-layer ViT, hidden 192, 8 images; 4-layer Disti
 tokens), 90% unstructured on every prunable linear: an empty cache, then new masks
 (goal: <= 3 s with new masks). Each row prints the stage breakdown
 (`CompiledModel.compile_times`, largest first) and the model's speed against dense from
-compile's own guard.
+compile's own guard (marked * where the dense figure is capture's call of the model, the first
+in this process: no guard round timed it).
 
     python benchmarks/compile_time.py                    # ~10 min on 2 cores
     python benchmarks/compile_time.py --only small       # the small models
@@ -79,6 +80,7 @@ def timed_compile(model: nn.Module, x, names, block, bits, device, cache: Path) 
 def row(label: str, case: str, seconds: float, cm) -> None:
     guard = cm.guard or {}
     speed = f"{guard['x_dense']:.2f}x dense" if "x_dense" in guard else "no guard"
+    speed += "*" if guard.get("dense_from") == "capture" else ""
     print(f"{label:<34} {case:<12} {seconds:7.1f} s  {speed:<13} {times_text(cm.compile_times)}", flush=True)
 
 

@@ -9,6 +9,7 @@ keys of a `TeSATable`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +62,7 @@ class Graph:
     call_kwargs: dict[str, Any] = field(default_factory=dict)
     method: str = "fx"
     notes: tuple[str, ...] = ()  # what capture changed to trace the model (e.g. a KV cache switched off)
+    dense_seconds: float | None = None  # capture's real run of the example (None for a graph a pass rewrote)
 
     @property
     def fx_graph(self) -> fx.Graph:
@@ -295,12 +297,15 @@ def _describe(gm: fx.GraphModule, root: nn.Module, *, source: nn.Module, flat: t
     from sparta_explore.tracing.inputs import set_mode
 
     was_training = set_mode(root, False)
+    seconds = None
     try:
         recorder = _fake_run(gm, flat, before) if fake else None
         if recorder is None:
             recorder = _ShapeRecorder(gm)
+            start = time.perf_counter()
             with torch.no_grad():
                 recorder.run_example(flat)
+            seconds = None if fake else time.perf_counter() - start
     finally:
         set_mode(root, was_training)
     fx_graph = gm.graph
@@ -324,7 +329,7 @@ def _describe(gm: fx.GraphModule, root: nn.Module, *, source: nn.Module, flat: t
     return Graph(module=gm, root=root, tensors=tensors, inputs=[n.name for n in placeholders],
                  outputs=_output_names(fx_graph), aliases=aliases, attr_nodes=attr_nodes, constants=constants,
                  tuple_shapes=tuple_shapes, example_inputs=flat, call_args=call_args,
-                 call_kwargs=call_kwargs, method=method, notes=notes)
+                 call_kwargs=call_kwargs, method=method, notes=notes, dense_seconds=seconds)
 
 
 def _weights(source: nn.Module) -> tuple[dict[str, TensorInfo], dict[str, str]]:

@@ -33,7 +33,11 @@ class CompileConfig:
     * `device`: a `DeviceProfile` (None: this machine's, measured once and cached).
     * `cache_dir`: where kernels, tile searches and the profile are cached (None: the default).
     * `verify`: check the compiled model against the model masked with the table it was
-      given (and, for a propagation result, the table propagation started from).
+      given (and, for a propagation result, the table propagation started from). True: where
+      the dense model's call at capture took a quarter second or more, the masked references
+      run on the example's last item, compared with that item of the compiled model's
+      whole-example output (a failure there is checked again on the whole example;
+      `compile/item_call.py`); "whole": always on the whole example; False: no check.
     * `fuse`: with measured choice, time chained sparse kernels (fp32 or int8) fused tile by tile (an FFN's
       fc1 + fc2) and keep the fusion where it is faster (`compile/kernel_pairs.py`).
     * `passes`: the graph and kernel passes to run, by name (None: all, in their order;
@@ -59,7 +63,7 @@ class CompileConfig:
     kernels: frozenset[str] | None = None
     device: Any = field(default=None, compare=False)
     cache_dir: str | os.PathLike | None = None
-    verify: bool = True
+    verify: bool | str = True
     fuse: bool = True
     passes: tuple[str, ...] | None = None
     guard: bool = True
@@ -83,6 +87,8 @@ class CompileConfig:
                 raise ConfigError(f"CompileConfig.max_seconds must be a number of seconds >= 0, got "
                                   f"{self.max_seconds!r}")
             object.__setattr__(self, "max_seconds", float(self.max_seconds))
+        if self.verify not in (True, False, "whole"):
+            raise ConfigError(f"CompileConfig.verify must be True, False or 'whole', got {self.verify!r}")
         if isinstance(self.runs, bool) or not isinstance(self.runs, int) or self.runs < 1:
             raise ConfigError(f"CompileConfig.runs must be an int >= 1, got {self.runs!r}")
         if self.kernels is not None:

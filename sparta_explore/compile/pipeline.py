@@ -49,6 +49,7 @@ from sparta_explore.compile.config import CompileConfig
 from sparta_explore.compile.epilogue import fuse_epilogues
 from sparta_explore.compile.guard import guarded
 from sparta_explore.compile.inplace import check_not_compiled, compile_in_place
+from sparta_explore.compile.item_call import ITEM_CHECK_SECONDS, ItemCall
 from sparta_explore.compile.kernel_pairs import chains, fuse_pairs
 from sparta_explore.compile.lowering import LowerContext
 from sparta_explore.compile.memory import collecting_temporaries, weakly_owned
@@ -167,6 +168,14 @@ def _fp32_error(graph: Graph, table: Mapping[str, TeSA], run: nn.Module) -> floa
     return model_error(graph, run, table_reference(graph, table, grids=False, share=True)[0])
 
 
+def _item(graph: Graph, config: CompileConfig) -> ItemCall | None:
+    """The item the table checks' references run on (`compile/item_call.py`): where capture's dense call took
+    `ITEM_CHECK_SECONDS` or more and `config.verify` is not "whole"; None: they run the whole example."""
+    if config.verify == "whole" or graph.dense_seconds is None or graph.dense_seconds < ITEM_CHECK_SECONDS:
+        return None
+    return ItemCall.of(graph.call_args, graph.call_kwargs)
+
+
 def _size_specialized(gm: nn.Module) -> bool:
     """Whether a pass baked the example's sizes into `gm` (bias maps)."""
     return any(name.startswith(SIZE_SPECIALIZED) for name, _ in gm.named_buffers())
@@ -245,12 +254,13 @@ def _compile(model: nn.Module | Graph, table: Any, example_inputs: Any, config: 
     tol = tolerance([execution.ops[name] for name in compiled])
     t0 = time.perf_counter()
     references, explain = [("table", trusted)], []
-    outputs = ModelOutputs(graph)
+    outputs = ModelOutputs(graph, _item(graph, config), tol)
     if input_table is not None and same_references(graph, table, input_table):
         references.append(("input table", trusted))  # propagation changed no weight the example reads: one run
     elif input_table is not None:  # the pruner's own table is what must match; the one compile used only explains
         given = table_reference(graph, input_table, share=True, like=(trusted, table))[0]
         references, explain = [("input table", given)], references
+    outputs.on_item(*(module for _, module in references + explain))  # the dense model's arithmetic: one item
     ops_reference = None
     if tol == TOLERANCE[FP32] and recorded.seconds is not None:  # the reference ops' output, from the recording run
         ops_reference = before_kernels
@@ -269,13 +279,15 @@ def _compile(model: nn.Module | Graph, table: Any, example_inputs: Any, config: 
         # first calls made by the checks, and what the others would take (they compute what a checked model did)
         # the dense model ran at capture (no first-call effects left): the masked one's call, same work, stands in
         # (with grids: less its inputs' rounding, the one thing it does beyond the dense model's ops)
-        warm, estimates = {"compiled": outputs.seconds(gm), "dense": outputs.dense_seconds(checked)}, {}
+        # where the checks ran the reference on one item, capture's call of the dense model stands for it
+        dense = outputs.dense_seconds(checked) if outputs.seconds(checked) is not None else graph.dense_seconds
+        warm, estimates = {"compiled": outputs.seconds(gm), "dense": dense}, {}
         if tol == TOLERANCE[FP32]:  # fp32: the passes' model without kernels and the masked model compute the same
             if reports:  # it computes what the masked model does, at most as slowly: that call, where it did not run
                 candidates["graph passes only"] = before_kernels
-                estimates["graph passes only"] = outputs.seconds("ops reference") or outputs.seconds(checked)
+                estimates["graph passes only"] = outputs.seconds("ops reference") or dense
             # built only where its estimate (the masked reference's call) keeps it in the race: a copy of the model
-            estimate, fastest = outputs.seconds(checked), outputs.seconds(gm)
+            estimate, fastest = dense, outputs.seconds(gm)
             eager = _eager_model(graph, usable, tol) \
                 if estimate is None or fastest is None or estimate <= OUT_OF_RACE * fastest else None
             if eager is not None:
@@ -284,14 +296,16 @@ def _compile(model: nn.Module | Graph, table: Any, example_inputs: Any, config: 
         # the masked model runs the dense model's ops (and rounds inputs, taken out above): its check call is a
         # dense call (BERT-base w8a8: the guard's own dense call was 1.1 s of a 7 s compile)
         name, run, record = guarded(graph, candidates, checked, config.runs, warm, estimates, warm_exact=True)
+        if dense is not None and outputs.seconds(checked) is None and record["dense_ms"] == dense * 1e3:
+            record["dense_from"] = "capture"  # no round timed it: the figure is capture's (first) call
         if name in ("graph passes only", "model as given, masked"):
-            error = outputs.error(run, checked)
-            rows.append(check_row(f"{references[0][0]} ({name})", error, tol))
+            error, on = outputs.compared(run, checked)
+            rows.append(check_row(f"{references[0][0]} ({name})", error, tol, on))
             if not error <= tol:
                 run = gm
     stages["guard"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    if has_grids(table) or outputs.seconds(trusted) is None:  # a reference without grids, run when first read
+    if has_grids(table) or not outputs.ran(trusted):  # a reference without grids, run when first read
         fp32_error: float | Callable[[], float] = partial(_fp32_error, graph, table, run)
     else:  # without grids the trusted reference is that model, run already
         fp32_error = outputs.error(run, trusted)
