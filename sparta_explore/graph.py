@@ -63,6 +63,7 @@ class Graph:
     method: str = "fx"
     notes: tuple[str, ...] = ()  # what capture changed to trace the model (e.g. a KV cache switched off)
     dense_seconds: float | None = None  # capture's real run of the example (None for a graph a pass rewrote)
+    dense_threads: int = 0  # torch's threads during that run
 
     @property
     def fx_graph(self) -> fx.Graph:
@@ -329,7 +330,8 @@ def _describe(gm: fx.GraphModule, root: nn.Module, *, source: nn.Module, flat: t
     return Graph(module=gm, root=root, tensors=tensors, inputs=[n.name for n in placeholders],
                  outputs=_output_names(fx_graph), aliases=aliases, attr_nodes=attr_nodes, constants=constants,
                  tuple_shapes=tuple_shapes, example_inputs=flat, call_args=call_args,
-                 call_kwargs=call_kwargs, method=method, notes=notes, dense_seconds=seconds)
+                 call_kwargs=call_kwargs, method=method, notes=notes, dense_seconds=seconds,
+                 dense_threads=torch.get_num_threads())
 
 
 def _weights(source: nn.Module) -> tuple[dict[str, TensorInfo], dict[str, str]]:

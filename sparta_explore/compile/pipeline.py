@@ -279,8 +279,10 @@ def _compile(model: nn.Module | Graph, table: Any, example_inputs: Any, config: 
         # first calls made by the checks, and what the others would take (they compute what a checked model did)
         # the dense model ran at capture (no first-call effects left): the masked one's call, same work, stands in
         # (with grids: less its inputs' rounding, the one thing it does beyond the dense model's ops)
-        # where the checks ran the reference on one item, capture's call of the dense model stands for it
-        dense = outputs.dense_seconds(checked) if outputs.seconds(checked) is not None else graph.dense_seconds
+        # where the checks ran the reference on one item, capture's call of the dense model stands for it (if it
+        # ran on as many threads: else the guard times dense itself)
+        dense = outputs.dense_seconds(checked) if outputs.seconds(checked) is not None else \
+            graph.dense_seconds if graph.dense_threads == torch.get_num_threads() else None
         warm, estimates = {"compiled": outputs.seconds(gm), "dense": dense}, {}
         if tol == TOLERANCE[FP32]:  # fp32: the passes' model without kernels and the masked model compute the same
             if reports:  # it computes what the masked model does, at most as slowly: that call, where it did not run

@@ -215,3 +215,23 @@ def test_a_kernel_wrong_on_its_tile_tail_is_caught_by_the_item_check_and_falls_b
     assert checks["table"]["passed"] and torch.allclose(run(x), model(x))
     assert any("reference ops" in str(w.message) for w in caught)
     assert not np.isnan(checks["ops"]["error"])
+
+
+@pytest.mark.parametrize("same_threads", [True, False])
+def test_the_guard_takes_captures_dense_call_only_from_as_many_threads(same_threads, device, cache_dir, monkeypatch):
+    monkeypatch.setattr(pipeline, "ITEM_CHECK_SECONDS", 0.0)
+    seen = []
+    real = pipeline.guarded
+    monkeypatch.setattr(pipeline, "guarded", lambda *a, **k: seen.append(a[4]["dense"]) or real(*a, **k))
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(33, 64)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads if same_threads else threads + 1)
+        g = se.capture(model, (x,))
+    finally:
+        torch.set_num_threads(threads)
+    table = {n: se.TeSA.from_mask(torch.rand(p.shape) < 0.2) for n, p in model.named_parameters() if p.dim() == 2}
+    cm = compile(g, table, device=device, cache_dir=cache_dir, tune=False, runs=1)
+    assert seen == [g.dense_seconds if same_threads else None]
+    assert (cm.guard.get("dense_from") == "capture") <= same_threads  # never from a call on other threads
