@@ -108,9 +108,16 @@ class ModelOutputs:
         return run
 
     def _any(self, module: nn.Module) -> _Run:
-        """`module`'s run made here, else a new one (on the item where marked)."""
+        """`module`'s run made here, else a new one (on the item where marked and the forward runs on it)."""
         seen = self._seen.get(id(module))
-        return seen if seen is not None else self._run(module, id(module) in self._item_ids)
+        if seen is not None:
+            return seen
+        if id(module) in self._item_ids:
+            try:
+                return self._run(module, True)
+            except Exception:  # noqa: BLE001  (a forward that fails on one item, e.g. a size baked in: whole)
+                self._item_ids.discard(id(module))
+        return self._run(module, False)
 
     def _whole(self, module: nn.Module) -> _Run:
         seen = self._seen.get(id(module))

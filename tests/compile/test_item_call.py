@@ -235,3 +235,24 @@ def test_the_guard_takes_captures_dense_call_only_from_as_many_threads(same_thre
     cm = compile(g, table, device=device, cache_dir=cache_dir, tune=False, runs=1)
     assert seen == [g.dense_seconds if same_threads else None]
     assert (cm.guard.get("dense_from") == "capture") <= same_threads  # never from a call on other threads
+
+
+class FixedBatch(nn.Module):
+    """A forward with its batch size baked in: it fails on one item."""
+
+    def __init__(self, inner: nn.Module, batch: int) -> None:
+        super().__init__()
+        self.inner, self.batch = inner, batch
+
+    def forward(self, x):
+        return self.inner(x).view(self.batch, -1)
+
+
+def test_a_reference_that_fails_on_one_item_runs_the_whole_example():
+    torch.manual_seed(0)
+    model, x = FixedBatch(nn.Linear(6, 3), 5), torch.randn(5, 6)
+    outputs = _outputs(model, x)
+    reference = FixedBatch(model.inner, 5)
+    outputs.on_item(reference)
+    error, on = outputs.compared(model, reference)
+    assert on == "whole example" and error == 0.0 and outputs.seconds(reference) is not None
