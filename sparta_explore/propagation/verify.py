@@ -16,7 +16,7 @@ from torch import fx
 from torch.nn.utils import stateless
 from torch.utils import _pytree as pytree
 
-from sparta_explore.compact import core, zero_where_
+from sparta_explore.compact import any_true, both, core, negate, zero_where_
 from sparta_explore.graph import Graph
 from sparta_explore.tesa import TeSA
 
@@ -109,10 +109,11 @@ def _change(graph: Graph, before: Mapping[str, TeSA], after: Mapping[str, TeSA],
                 for name, p in params.items():
                     was = before[name].pruned if name in before else None
                     now = after[name].pruned if name in after else was
-                    ref = p if was is None or not bool(was.any()) else p.masked_fill(was.expand(p.shape), 0)
+                    # byte views: torch 2.13's bool any / & / ~ are 30x slower (BERT-base: 0.15 s of the check)
+                    ref = p if was is None or not bool(any_true(core(was))) else p.masked_fill(was.expand(p.shape), 0)
                     ref_params[name], chk_params[name] = ref, ref
-                    new = now if was is None else now & ~was
-                    if new is not None and p.is_floating_point() and bool(new.any()):
+                    new = now if was is None else both(now, negate(was))
+                    if new is not None and p.is_floating_point() and bool(any_true(core(new))):
                         chk_params[name] = torch.where(new.expand(p.shape), noise(p), ref)
                 ref_inputs, chk_inputs = _inputs(graph, before, after, g)
                 if first_item:
