@@ -27,8 +27,16 @@ def _pipeline(model, inputs, config, device, cache_dir):
     return graph, table, result, cm, got, want
 
 
-def test_hugging_face_bert_is_captured_pruned_propagated_compiled_and_verified(device, cache_dir):
+@pytest.mark.parametrize("on_item", [False, True])
+def test_hugging_face_bert_is_captured_pruned_propagated_compiled_and_verified(on_item, device, cache_dir,
+                                                                              monkeypatch):
+    """`on_item`: checked as a large model is, its masked references on the last item (keyword inputs cut too)."""
     from transformers import BertConfig, BertForSequenceClassification
+
+    from sparta_explore.compile import pipeline
+
+    if on_item:
+        monkeypatch.setattr(pipeline, "ITEM_CHECK_SECONDS", 0.0)
 
     torch.manual_seed(0)
     model = BertForSequenceClassification(BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -41,6 +49,8 @@ def test_hugging_face_bert_is_captured_pruned_propagated_compiled_and_verified(d
     graph, table, result, cm, got, want = _pipeline(model, inputs, config, device, cache_dir)
     assert result.check.passed and cm.checks["passed"].all(), cm.checks
     assert set(cm.checks["check"]) >= {"ops", "table", "input table"}  # + the guard's pick, when not the kernels
+    run = cm.checks[cm.checks["on"] != "not run"]
+    assert set(run["on"]) == ({"item 2 of 2"} if on_item else {"whole example"}), cm.checks
     planned = set(cm.report["op"])
     assert {"bert_encoder_layer_0_attention_self_query", "bert_encoder_layer_1_output_dense"} <= planned
     assert (cm.report["choice"] != "dense").any()
