@@ -61,3 +61,12 @@ void ${name}_run_tile(const float *xt, float *yb, const float *W, const float *b
 void ${name}_unpack(const float *yb, float *Y, long m0, long mt, const struct pattern *P) {
     unpack_tile(yb, Y, m0, mt, 0, N_OUT, P);
 }
+
+/* Chunks c0..c1 of a packed tile, for a fused driver that splits a tile's chunks over threads (few tiles of M):
+   rows m0.. of Y get them, or none when Y is NULL (yb is then the next kernel's packed input). */
+void ${name}_run_chunks(const float *xt, float *yb, float *Y, long m0, long mt, long c0, long c1, const float *W,
+                        const float *bias, const struct pattern *P) {
+    run_item(xt, yb, Y, m0, mt, c0, c1, W, bias, P);
+}
+
+long ${name}_chunks(const struct pattern *P) { (void)P; return N_CHUNKS; }

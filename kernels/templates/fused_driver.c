@@ -78,6 +78,44 @@ void fused_pair_fp32(const float *X, float *Y, long M, long T, pack_rows32_fn pa
     }
 }
 
+/* The fp32 pair at few tiles of M (fewer than a few whole tiles per thread), as each kernel's own driver runs
+   them: every tile packed once into a shared buffer, the first kernel's chunks split over threads into a shared
+   intermediate tile (K-major: the second kernel's packed input as it is), then the second's chunks, each writing
+   its rows of Y. The intermediate (M = 128, N = 3072: 1.5 MB) is never unpacked to rows nor packed again. */
+typedef void (*run_chunks32_fn)(const float *xt, float *yb, float *Y, long m0, long mt, long c0, long c1,
+                                const float *W, const float *bias, const void *pattern);
+
+void fused_pair_fp32_split(const float *X, float *Y, long M, long T, pack_rows32_fn pack_rows,
+                           const struct layer32 *a, run_chunks32_fn run_a, long chunks_a,
+                           const struct layer32 *b, run_chunks32_fn run_b, long chunks_b) {
+    const long tiles = (M + T - 1) / T;
+    const long mid = a->n_out * T > b->xb_floats ? a->n_out * T : b->xb_floats;
+    const long xa_stride = (a->xb_floats + 15) / 16 * 16, mid_stride = (mid + 15) / 16 * 16;  /* 64-byte rows */
+    float *xa = aligned_alloc(64, sizeof(float) * xa_stride * tiles);
+    float *ya = aligned_alloc(64, sizeof(float) * mid_stride * tiles);
+    #pragma omp parallel
+    {
+        float *yb = aligned_alloc(64, sizeof(float) * b->n_out * T);
+        #pragma omp for schedule(static)
+        for (long i = 0; i < tiles; ++i)
+            pack_rows(X, xa + i * xa_stride, i * T, M - i * T < T ? M - i * T : T, a->pattern);
+        /* in order, as the kernels' own drivers: a thread's chunks of one tile follow each other */
+        #pragma omp for schedule(static)
+        for (long item = 0; item < tiles * chunks_a; ++item) {
+            const long tile = item / chunks_a, c = item % chunks_a;
+            run_a(xa + tile * xa_stride, ya + tile * mid_stride, NULL, 0, T, c, c + 1, a->W, a->bias, a->pattern);
+        }
+        #pragma omp for schedule(static)
+        for (long item = 0; item < tiles * chunks_b; ++item) {
+            const long tile = item / chunks_b, c = item % chunks_b, m0 = tile * T;
+            run_b(ya + tile * mid_stride, yb, Y, m0, M - m0 < T ? M - m0 : T, c, c + 1, b->W, b->bias, b->pattern);
+        }
+        free(yb);
+    }
+    free(xa);
+    free(ya);
+}
+
 /* The permute int8 pair (kernels/permute_int8.py): per tile of 16 rows of M, the first kernel's rows
    (activation included) go to a private N1-wide buffer, which the second kernel's own quantize (its
    activation bits) turns into its input, and the second writes its rows of Y. */

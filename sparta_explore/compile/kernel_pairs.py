@@ -11,11 +11,11 @@ and is timed too (against the two ops on the op's recorded input, interleaved, f
 as candidates are). A timed verdict holds for every later pair of its class (`_pair_class`: the
 kernels, tilings and pattern classes, as tile searches share theirs): BERT-base at 90% 32x32 has
 12 retiled pairs, each 25% faster fused, and the pass took 0.6-0.7 s of every compile timing
-them all, 0.3-0.4 s timing one. Any pair
+them all, 0.3-0.4 s timing one. An int8 pair
 is left apart where the op's M is too few tiles to run fused (`runs_fused`: it would only add
-a call). Where fused, the second op's module becomes the
-pair, its node reads the first op's input, and the first op's node goes; both ops say so in
-their notes, and so do pairs left apart (with both times).
+a call); an fp32 pair runs fused at any M (its split driver at few tiles). Where fused, the
+second op's module becomes the pair, its node reads the first op's input, and the first op's
+node goes; both ops say so in their notes, and so do pairs left apart (with both times).
 
 Example:
     >>> fuse_pairs(gm, planned, compiled, op_inputs, runs=5, cache_dir=None)  # doctest: +SKIP

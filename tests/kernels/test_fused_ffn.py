@@ -10,6 +10,7 @@ from sparta_explore.kernels import Int8SparseLinear, SparseLinear
 from sparta_explore.kernels.bsr_codegen import TileConfig
 from sparta_explore.kernels.build import cpu_flags
 from sparta_explore.kernels.fused_ffn import (
+    WHOLE_TILES,
     FusedFp32Pair,
     FusedInt8Pair,
     FusedPair,
@@ -126,11 +127,14 @@ FP32_CASES = ([(layout, "gelu", 64, 256, (1, 1), 0.1) for layout in FP32_TILES]
 
 
 @pytest.mark.parametrize("layout,activation,k,n,block,density", FP32_CASES)
-def test_fp32_pair_matches_the_two_ops_in_turn(tmp_path, layout, activation, k, n, block, density):
+def test_fp32_pair_matches_the_two_ops_in_turn(tmp_path, monkeypatch, layout, activation, k, n, block, density):
+    monkeypatch.setattr(FusedPair, "whole_tiles", WHOLE_TILES)  # few tiles: the chunks of a tile split over threads
     first, second = _fp32_pair(tmp_path, k, n, activation, FP32_TILES[layout], density, block)
     fused = fused_pair(first, second, cache_dir=tmp_path)
     assert type(fused) is FusedFp32Pair
-    for m in (1, 31, 200):  # within one tile, ragged, several tiles
+    whole = [FusedPair.runs_fused(fused, m) for m in (1, 31, 200, 64 * 32 + 5)]
+    assert whole[0] is False and whole[-1] is True  # both drivers: chunks split over threads, and whole tiles
+    for m in (1, 31, 200, 64 * 32 + 5):  # within one tile, ragged, several tiles, many (ragged) tiles
         x = torch.randn(m, k) * 3
         with torch.no_grad():
             got, want = fused(x), second(first(x))
@@ -161,9 +165,9 @@ def test_fp32_pairs_refuse_mixed_kinds_and_tiles(tmp_path):
     same_after_copies(FusedFp32Pair(first, second, cache_dir=tmp_path), torch.randn(20, 64))
 
 
-def test_few_tiles_run_the_two_ops_apart(tmp_path, monkeypatch):
-    # below whole_tiles tiles of M per thread each op's driver splits its chunks over threads: the pair runs
-    # them in turn there, and its own driver only above
+def test_few_tiles_split_a_tiles_chunks_over_threads_and_many_run_whole_tiles(tmp_path, monkeypatch):
+    # below whole_tiles tiles of M per thread each op's driver splits a tile's chunks over threads: the fp32 pair's
+    # split driver does the same with both ops, and its whole-tile driver runs only above
     monkeypatch.setattr(FusedPair, "whole_tiles", 4)
     first, second = _fp32_pair(tmp_path, 64, 96, "gelu", FP32_TILES["rows"])
     fused = fused_pair(first, second, cache_dir=tmp_path)
@@ -173,14 +177,29 @@ def test_few_tiles_run_the_two_ops_apart(tmp_path, monkeypatch):
     fused._fn = lambda *args: (calls.append(args[2]), driver(*args))
     many = first._tile * 4 * torch.get_num_threads()
     few = many - first._tile  # one tile fewer
-    assert not fused.runs_fused(few) and fused.runs_fused(many)
+    assert not FusedPair.runs_fused(fused, few) and FusedPair.runs_fused(fused, many)
+    assert fused.runs_fused(few)  # fused at any M (compile fuses it at M = 128 too)
     for m in (few, many):
         x = torch.randn(m, 64)
         with torch.no_grad():
             _close(fused(x), second(first(x)))
     assert calls == [many]
     saved = pickle.loads(pickle.dumps(fused))
-    assert saved.whole_tiles == 4 and saved.runs_fused(many)
+    assert saved.whole_tiles == 4 and FusedPair.runs_fused(saved, many) and not FusedPair.runs_fused(saved, few)
+
+
+def test_an_int8_pair_at_few_tiles_runs_its_two_ops_in_turn(tmp_path, monkeypatch):
+    monkeypatch.setattr(FusedPair, "whole_tiles", 4)
+    first, second = _pair(tmp_path, 64, 96, "gelu", {})
+    fused = fused_pair(first, second, cache_dir=tmp_path)
+    calls = []
+    driver = fused._fn
+    fused._fn = lambda *args: (calls.append(args[2]), driver(*args))
+    few = first._tile * (4 * torch.get_num_threads() - 1)  # one tile fewer than whole tiles need
+    assert not fused.runs_fused(few)
+    x = torch.randn(few, 64)
+    with torch.no_grad():
+        assert torch.equal(fused(x), second(first(x))) and not calls
 
 
 # the permute int8 pair: a tile's rows of the first op stay in L2 and are quantized there for the second
