@@ -316,6 +316,8 @@ def _compile(model: nn.Module | Graph, table: Any, example_inputs: Any, config: 
     users = tensor_ids(graph.module, graph.root)  # the references share these: what is handed out copies them
     if run is not eager and run is not trusted and run is not checked and _size_specialized(run):
         fallback = eager if eager is not None else _eager_model(graph, usable, tol)
+        if fallback is not None:
+            outputs.on_item(fallback)  # the masked model's arithmetic, checked as the references are
         size_guard = _size_guard(graph, run, weakly_owned(owning(_checked(fallback, checked, tol, outputs), users)))
     run = owning(run, users)
     kept = CompileRecord(graph=graph, table=usable, input_table=input_table,

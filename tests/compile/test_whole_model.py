@@ -50,7 +50,10 @@ def test_an_nni_channel_pruned_cnn_compiles_smaller_and_exact(device, cache_dir)
         assert _weights(cm.module) < 0.7 * _weights(model)
 
 
-def test_a_size_baked_in_by_a_pass_sends_other_sizes_to_the_masked_model(device, cache_dir):
+@pytest.mark.parametrize("on_item", [False, True])
+def test_a_size_baked_in_by_a_pass_sends_other_sizes_to_the_masked_model(on_item, device, cache_dir, monkeypatch):
+    if on_item:  # checked as a large model is: the references and the fallback on the example's last item
+        monkeypatch.setattr("sparta_explore.compile.pipeline.ITEM_CHECK_SECONDS", 0.0)
     model = randomize_norms(nn.Sequential(nn.Conv2d(3, 6, 1, bias=False), nn.BatchNorm2d(6), nn.ReLU(),
                                           nn.Conv2d(6, 4, 3, padding=1)))
     x = (torch.randn(2, 3, 8, 8),)
@@ -59,6 +62,8 @@ def test_a_size_baked_in_by_a_pass_sends_other_sizes_to_the_masked_model(device,
     cm = compile(graph, se.run_propagation(graph, table), config=CompileConfig(
         device=device, cache_dir=cache_dir, tune=False, kernels=DENSE_ONLY, runs=3, guard=False))
     assert "bias maps 1" in dict(zip(cm.passes["pass"], cm.passes["changed"]))["constant_channels"]
+    tables = cm.checks[cm.checks["check"].str.contains("table")]
+    assert set(tables["on"]) == {"item 2 of 2" if on_item else "whole example"}
     other = torch.randn(3, 3, 5, 7)
     with pytest.warns(CompileWarning, match="specialized to its example inputs' sizes"):
         got = cm(other)
