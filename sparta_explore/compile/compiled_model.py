@@ -72,7 +72,7 @@ class CompiledModel(nn.Module):
 
     Attributes: `plan` (the ExecutionPlan with measured times and choices: compile's own copy),
     `report` (DataFrame, one row per planned op), `passes` (DataFrame, one row per pass: what it
-    changed and how long it took), `checks` (DataFrame: check, error, tolerance, passed),
+    changed and how long it took), `checks` (DataFrame: check, error, tolerance, passed, on),
     `guard` (the whole-model timing against the dense model, or None), `max_error` (vs the
     reference ops, or the table where that check did not run), `table_error` (vs the model
     masked with the table, weights on their grids), `fp32_error` (vs the masked model in fp32:
