@@ -280,7 +280,8 @@ def _compile(model: nn.Module | Graph, table: Any, example_inputs: Any, config: 
         # the dense model ran at capture (no first-call effects left): the masked one's call, same work, stands in
         # (with grids: less its inputs' rounding, the one thing it does beyond the dense model's ops)
         # where the checks ran the reference on one item, capture's call of the dense model stands for it (if it
-        # ran on as many threads: else the guard times dense itself)
+        # ran on as many threads: else the guard times dense itself); that one was a first call, so it can read
+        # high, and it only settles the race where the compiled call is under a third of it
         dense = outputs.dense_seconds(checked) if outputs.seconds(checked) is not None else \
             graph.dense_seconds if graph.dense_threads == torch.get_num_threads() else None
         warm, estimates = {"compiled": outputs.seconds(gm), "dense": dense}, {}
