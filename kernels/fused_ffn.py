@@ -113,14 +113,25 @@ class FusedPair(CompiledOp):
     def _call(self, x2: torch.Tensor, y: torch.Tensor) -> None:
         raise NotImplementedError(f"{type(self).__name__} names no driver call")
 
+    def whole_tiles_at(self, rows: int) -> bool:
+        """Whether `rows` rows of M give every thread `whole_tiles` tiles: the point from which the pair's whole-tile
+        driver runs (each op's own driver runs whole tiles from there too).
+
+        Example:
+            >>> pair.whole_tiles_at(4096), pair.whole_tiles_at(128)  # doctest: +SKIP
+            (True, False)
+        """
+        return -(-rows // self.first._tile) >= self.whole_tiles * torch.get_num_threads()
+
     def runs_fused(self, rows: int) -> bool:
-        """Whether `rows` rows of M run through the fused driver (else the two ops run apart, see the module).
+        """Whether `rows` rows of M run through a fused driver (else the two ops run apart, see the module): from
+        `whole_tiles_at` (an fp32 pair at any M).
 
         Example:
             >>> pair.runs_fused(4096), pair.runs_fused(128)  # doctest: +SKIP
             (True, False)
         """
-        return -(-rows // self.first._tile) >= self.whole_tiles * torch.get_num_threads()
+        return self.whole_tiles_at(rows)
 
     def _fast(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -231,7 +242,7 @@ class FusedFp32Pair(FusedPair):
         la = _Layer32(run_a, a._packed.data_ptr(), _ptr(a.bias), a.out_features, floats_a, a.pattern_address)
         lb = _Layer32(run_b, b._packed.data_ptr(), _ptr(b.bias), b.out_features, floats_b, b.pattern_address)
         rows = x2.shape[0]
-        if super().runs_fused(rows):  # whole tiles, handed to threads one at a time
+        if self.whole_tiles_at(rows):  # whole tiles, handed to threads one at a time
             self._fn(x2.data_ptr(), y.data_ptr(), rows, a._tile, pack_rows, ctypes.byref(la), ctypes.byref(lb),
                      unpack)
         else:

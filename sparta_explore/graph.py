@@ -86,11 +86,11 @@ class Graph:
             >>> g.first_item()[0], g.first_item()[1][0].shape  # doctest: +SKIP
             (2, torch.Size([1, 4]))
         """
-        tensors = [x for x in self.example_inputs if isinstance(x, torch.Tensor)]
-        batch = tensors[0].shape[0] if tensors and tensors[0].dim() else 0
-        if batch <= 1 or any(x.dim() == 0 or x.shape[0] != batch for x in tensors):
-            return None
-        return batch, tuple(x[:1] if isinstance(x, torch.Tensor) else x for x in self.example_inputs)
+        from sparta_explore.tracing.inputs import batch_size
+
+        batch = batch_size(tuple(x for x in self.example_inputs if isinstance(x, torch.Tensor)))
+        cut = tuple(x[:1] if isinstance(x, torch.Tensor) else x for x in self.example_inputs)
+        return (batch, cut) if batch else None
 
     def run_first_item(self, interpreter: fx.Interpreter) -> int | None:
         """Run `interpreter` (over this graph's module) on the first item of the example inputs, without autograd;

@@ -31,6 +31,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from sparta_explore.tracing.inputs import batch_size
+
 # a whole-example dense call at least this long (seconds, timed at capture): its references run on one item
 ITEM_CHECK_SECONDS = 0.25
 
@@ -57,9 +59,8 @@ class ItemCall:
             >>> ItemCall.of((torch.zeros(4, 3), torch.zeros(2, 3)), {}) is None
             True
         """
-        leaves = [x for x in pytree.tree_leaves((tuple(args), dict(kwargs))) if isinstance(x, torch.Tensor)]
-        batch = leaves[0].shape[0] if leaves and leaves[0].dim() else 0
-        if batch <= 1 or any(x.dim() == 0 or x.shape[0] != batch for x in leaves):
+        batch = batch_size((tuple(args), dict(kwargs)))
+        if not batch:
             return None
         cut = lambda v: v[batch - 1:] if isinstance(v, torch.Tensor) else v  # noqa: E731
         return cls(batch, pytree.tree_map(cut, tuple(args)), pytree.tree_map(cut, dict(kwargs)))

@@ -282,8 +282,9 @@ def _compile(model: nn.Module | Graph, table: Any, example_inputs: Any, config: 
         # where the checks ran the reference on one item, capture's call of the dense model stands for it (if it
         # ran on as many threads: else the guard times dense itself); that one was a first call, so it can read
         # high, and it only settles the race where the compiled call is under a third of it
-        dense = outputs.dense_seconds(checked) if outputs.seconds(checked) is not None else \
-            graph.dense_seconds if graph.dense_threads == torch.get_num_threads() else None
+        dense = outputs.dense_seconds(checked)
+        from_capture = dense is None and graph.dense_threads == torch.get_num_threads()
+        dense = graph.dense_seconds if from_capture else dense
         warm, estimates = {"compiled": outputs.seconds(gm), "dense": dense}, {}
         if tol == TOLERANCE[FP32]:  # fp32: the passes' model without kernels and the masked model compute the same
             if reports:  # it computes what the masked model does, at most as slowly: that call, where it did not run
@@ -299,7 +300,7 @@ def _compile(model: nn.Module | Graph, table: Any, example_inputs: Any, config: 
         # the masked model runs the dense model's ops (and rounds inputs, taken out above): its check call is a
         # dense call (BERT-base w8a8: the guard's own dense call was 1.1 s of a 7 s compile)
         name, run, record = guarded(graph, candidates, checked, config.runs, warm, estimates, warm_exact=True)
-        if dense is not None and outputs.seconds(checked) is None and record["dense_ms"] == dense * 1e3:
+        if from_capture and dense is not None and record["dense_ms"] == dense * 1e3:
             record["dense_from"] = "capture"  # no round timed it: the figure is capture's (first) call
         if name in ("graph passes only", "model as given, masked"):
             error, on = outputs.compared(run, checked)

@@ -45,6 +45,19 @@ def as_call(example_inputs: Any, kwargs: Mapping[str, Any] | None = None) -> tup
     return args, dict(kwargs or {})
 
 
+def batch_size(inputs: Any) -> int:
+    """The batch size every tensor in `inputs` (any nesting) shares along dim 0, where it is over 1; 0 where the
+    tensors share none (a scalar among them, sizes that differ, none at all): a call then has no items to cut.
+
+    Example:
+        >>> batch_size(((torch.zeros(4, 3),), {"mask": torch.ones(4, 2)})), batch_size((torch.zeros(4), torch.zeros(2)))
+        (4, 0)
+    """
+    tensors = [x for x in pytree.tree_leaves(inputs) if isinstance(x, torch.Tensor)]
+    batch = tensors[0].shape[0] if tensors and tensors[0].dim() else 0
+    return 0 if batch <= 1 or any(x.dim() == 0 or x.shape[0] != batch for x in tensors) else batch
+
+
 def set_mode(module: nn.Module, training: bool) -> bool:
     """Put `module` in train/eval mode where it allows it (exported modules refuse); returns the old mode.
 

@@ -132,7 +132,7 @@ def test_fp32_pair_matches_the_two_ops_in_turn(tmp_path, monkeypatch, layout, ac
     first, second = _fp32_pair(tmp_path, k, n, activation, FP32_TILES[layout], density, block)
     fused = fused_pair(first, second, cache_dir=tmp_path)
     assert type(fused) is FusedFp32Pair
-    whole = [FusedPair.runs_fused(fused, m) for m in (1, 31, 200, 64 * 32 + 5)]
+    whole = [fused.whole_tiles_at(m) for m in (1, 31, 200, 64 * 32 + 5)]
     assert whole[0] is False and whole[-1] is True  # both drivers: chunks split over threads, and whole tiles
     for m in (1, 31, 200, 64 * 32 + 5):  # within one tile, ragged, several tiles, many (ragged) tiles
         x = torch.randn(m, k) * 3
@@ -177,7 +177,7 @@ def test_few_tiles_split_a_tiles_chunks_over_threads_and_many_run_whole_tiles(tm
     fused._fn = lambda *args: (calls.append(args[2]), driver(*args))
     many = first._tile * 4 * torch.get_num_threads()
     few = many - first._tile  # one tile fewer
-    assert not FusedPair.runs_fused(fused, few) and FusedPair.runs_fused(fused, many)
+    assert not fused.whole_tiles_at(few) and fused.whole_tiles_at(many)
     assert fused.runs_fused(few)  # fused at any M (compile fuses it at M = 128 too)
     for m in (few, many):
         x = torch.randn(m, 64)
@@ -185,7 +185,7 @@ def test_few_tiles_split_a_tiles_chunks_over_threads_and_many_run_whole_tiles(tm
             _close(fused(x), second(first(x)))
     assert calls == [many]
     saved = pickle.loads(pickle.dumps(fused))
-    assert saved.whole_tiles == 4 and FusedPair.runs_fused(saved, many) and not FusedPair.runs_fused(saved, few)
+    assert saved.whole_tiles == 4 and saved.whole_tiles_at(many) and not saved.whole_tiles_at(few)
 
 
 def test_an_int8_pair_at_few_tiles_runs_its_two_ops_in_turn(tmp_path, monkeypatch):
