@@ -31,11 +31,13 @@ speed drifts by up to 1.5x over seconds, and one side timed after the other meas
 ours_ms and ds_ms are the medians of all their calls; `blocks` is the lowest and highest ratio of
 one turn's two medians (how far the machine moved it), `blk_med` the median of those ratios: each
 compares two blocks timed back to back, so it moves less with the machine's drift than ds/ours
-(both against DeepSparse's layout that ds/ours takes).
+(both against DeepSparse's layout that ds/ours takes). `verdict` reads the turns as a one-sided sign test
+(`peers_client.Turns.verdict`): ahead or behind where one side won so many of them (8 of 9) that a fair coin
+would in under 5% of runs, else level; a summary line after the table counts them and names the rows behind.
 
 Printed: a header (CPU model, the flags that matter, threads, torch and deepsparse versions),
 then one row per case: BxS, ours_ms, ds_ms, ds/ours (> 1: ours is faster; against the faster of
-DeepSparse's two layouts, a note says when that is (M, K)), blocks, blk_med, ds2d_ms, ours_build_s,
+DeepSparse's two layouts, a note says when that is (M, K)), blocks, blk_med, verdict, ds2d_ms, ours_build_s,
 ds_compile_s, ours_err and ds_err (max |y - y_ref| / max |y_ref| against the masked fp32 torch
 module; int8 rows include the quantization error) and notes
 (our kernel path; DeepSparse's share of supported ops, its error against the same
@@ -267,9 +269,10 @@ def print_table(rows: list[Case], threads: int, failure: str | None, load: float
     print(f"input: ours and ds (B, {SEQ}, K), DeepSparse batch_size=B; ds2d: (M, K), batch_size=M | build and "
           "compile: cold (ours: an empty kernel cache per case; ds: ONNX export + Engine)")
     print(f"{'K->N':<15} {'BxS':>6} {'pattern':>12} {'prec':>5} {'ours_ms':>9} {'ds_ms':>9} {'ds/ours':>8} "
-          f"{'blocks':>9} {'blk_med':>7} {'ds2d_ms':>9} {'ours_build_s':>12} {'ds_compile_s':>12} {'ours_err':>9} "
-          f"{'ds_err':>9}"
+          f"{'blocks':>9} {'blk_med':>7} {'verdict':>7} {'ds2d_ms':>9} {'ours_build_s':>12} {'ds_compile_s':>12} "
+          f"{'ours_err':>9} {'ds_err':>9}"
           "  notes")
+    verdicts = []
     for c in rows:
         ds_ms, ds_err = float(c.ds.get("ms", math.nan)), float(c.ds.get("err", math.nan))
         best_ms = min(ds_ms, float(c.ds2d.get("ms", math.inf)))  # the peer as it runs best (nan stays nan)
@@ -289,9 +292,27 @@ def print_table(rows: list[Case], threads: int, failure: str | None, load: float
             notes.append(f"DS 2-D err {c.ds2d['err']:.1e}")
         print(f"{c.shape:<15} {c.batch:>6} {c.pattern:>12} {c.prec:>5} {fmt(c.ours_ms, '9.2f')} {fmt(ds_ms, '9.2f')} "
               f"{fmt(best_ms / c.ours_ms, '8.2f')} {turns.ratio_range():>9} {fmt(turns.median_ratio(), '7.2f')} "
+              f"{turns.verdict():>7} "
               f"{fmt(float(c.ds2d.get('ms', math.nan)), '9.2f')} "
               f"{fmt(c.ours_build_s, '12.2f')} {fmt(float(c.ds.get('compile_s', math.nan)), '12.2f')} "
               f"{fmt(c.ours_err, '9.1e')} {fmt(ds_err, '9.1e')}  {'; '.join(notes)}", flush=True)
+        verdicts.append((c.id, turns.verdict()))
+    print(verdict_line(verdicts))
+
+
+def verdict_line(verdicts: list[tuple[str, str]]) -> str:
+    """One line counting the rows' verdicts and naming those behind (the issue 27 goal: none).
+
+    Example:
+        >>> print(verdict_line([("a", "ahead"), ("b", "level"), ("c", "behind")]))
+        verdicts (sign test over each row's turns, 5%): 1 ahead, 1 level, 1 behind: c; at or ahead: 2 of 3
+    """
+    count = {v: sum(got == v for _, got in verdicts) for v in ("ahead", "level", "behind")}
+    behind = [case for case, got in verdicts if got == "behind"]
+    timed = count["ahead"] + count["level"] + count["behind"]
+    return (f"verdicts (sign test over each row's turns, 5%): {count['ahead']} ahead, {count['level']} level, "
+            f"{count['behind']} behind" + (": " + ", ".join(behind) if behind else "")
+            + f"; at or ahead: {count['ahead'] + count['level']} of {timed}")
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ REPLY = b"PEER "  # the worker's reply lines start with this (peers_deepsparse_w
 PEER_TIMEOUT_S = 900  # one request (a compile, or a block of calls) that takes longer: the worker is stopped
 BLOCK_SECONDS = 0.1  # each side's block of calls in a turn lasts about this long (at least MIN_CALLS calls)
 MIN_CALLS = 3
+SIGN_LEVEL = 0.05  # a side is faster where a fair coin gives as many of its turns' wins less often than this
 
 
 def error_line(text: str, rc: int) -> str:
@@ -135,6 +136,34 @@ class Turns:
         """The median of the per-block ratios (nan without any): each compares two blocks timed back to back, so a
         drift of the machine's speed over the run moves it less than the ratio of the two sides' medians."""
         return statistics.median(self.ratios) if self.ratios else math.nan
+
+    def verdict(self) -> str:
+        """'ahead' where ours won so many turns (ratio > 1) that a fair coin gives that many heads in fewer than 5%
+        of runs (a one-sided sign test: 8 of 9 turns), 'behind' where DeepSparse did, else 'level'; '-' without
+        turns. The turns are paired, two blocks back to back, so the machine's drift mostly cancels in each.
+
+        Example:
+            >>> Turns(ratios=[1.1] * 8 + [0.9]).verdict(), Turns(ratios=[1.1] * 7 + [0.9] * 2).verdict()
+            ('ahead', 'level')
+        """
+        if not self.ratios:
+            return "-"
+        n = len(self.ratios)
+        if sign_tail(sum(r > 1 for r in self.ratios), n) < SIGN_LEVEL:
+            return "ahead"
+        if sign_tail(sum(r < 1 for r in self.ratios), n) < SIGN_LEVEL:
+            return "behind"
+        return "level"
+
+
+def sign_tail(wins: int, n: int) -> float:
+    """P(X >= wins) for X ~ Binomial(n, 1/2): how often a fair coin wins at least `wins` of `n` turns.
+
+    Example:
+        >>> round(sign_tail(8, 9), 4), round(sign_tail(7, 9), 4)
+        (0.0195, 0.0898)
+    """
+    return sum(math.comb(n, k) for k in range(max(wins, 0), n + 1)) / 2 ** n
 
 
 def _calls(seconds_per_call: float) -> int:

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from sparta_explore.activations import ACTIVATIONS
 from sparta_explore.kernels.c_templates import c_fill, c_text
+from sparta_explore.kernels.entry_stream import HIGH_FLOAT, headed, paired_loop, stream_function, stream_walk
 from sparta_explore.kernels.groups import R_MAX, Groups
 from sparta_explore.kernels.kernel_io import KernelIO
 from sparta_explore.kernels.panels import (
@@ -88,37 +90,9 @@ def _vectors(r: int) -> int:
 FMA_CHAINS = 8  # independent accumulators that keep two FMA pipes of latency 4 busy
 
 
-_HIGH_FLOAT = """
-/* the float whose bits are the high half of q: a weight stored beside its int32 X offset (kernels/word_pairs.py) */
-static inline float high_float(uint64_t q) {
-    const uint32_t u = (uint32_t)(q >> 32); float f; memcpy(&f, &u, 4); return f;
-}
-"""
-
-
-def _paired_loop(v: int, ways: int) -> str:
-    """C of a one-row tile's flat loop over (offset, weight) words (kernels/word_pairs.py), into a0{j}."""
-    names = [[f"a0{j}" if s == 0 else f"s{s}_0{j}" for j in range(v)] for s in range(ways)]
-
-    def piece(s: int, at: str) -> str:
-        return (f"const uint64_t q{s}_ = q[{at}]; const float *x{s}_ = xb + (int32_t)q{s}_ + t; "
-                f"const float w{s}_ = high_float(q{s}_); "
-                + " ".join(f"{names[s][j]} += w{s}_ * LD(x{s}_ + {j} * VEC);" for j in range(v)))
-
-    decl = " ".join(f"vf {names[s][j]} = zero;" for s in range(1, ways) for j in range(v))
-    sums = " ".join(f"a0{j} += {' + '.join(names[s][j] for s in range(1, ways))};" for j in range(v)) \
-        if ways > 1 else ""
-    return f"""        const uint64_t *q = (const uint64_t *)w;
-        const long n = E_P1[e] - E_P0[e];
-        long i = 0;
-        {decl}
-        for (; i + {ways} <= n; i += {ways}) {{
-            {" ".join(piece(s, f"i + {s}") for s in range(ways))}
-        }}
-        for (; i < n; ++i) {{
-            {piece(0, "i")}
-        }}
-        {sums}"""
+def _ways(r: int, v: int) -> int:
+    """Pieces a flat loop runs at a time, each into its own r x v accumulators (FMA_CHAINS chains in all)."""
+    return max(1, min(4, -(-FMA_CHAINS // (r * v))))
 
 
 def _flat_loop(r: int, v: int) -> str:
@@ -129,9 +103,10 @@ def _flat_loop(r: int, v: int) -> str:
     `ways` sets of accumulators at once (FMA_CHAINS chains in all), summed at the end. One-row
     tiles read their pieces as (offset, weight) words (`word_pairs.pair_offsets`).
     """
-    ways = max(1, min(4, -(-FMA_CHAINS // (r * v))))
+    ways = _ways(r, v)
     if r == 1:
-        return _paired_loop(v, ways)
+        return "        const uint64_t *q = (const uint64_t *)w;\n        const long n = E_P1[e] - E_P0[e];\n" + \
+            paired_loop(v, ways)
     one = (" ".join(f"const vf x{j} = LD(x + {j} * VEC);" for j in range(v)) + " "
            + " ".join(f"a{i}{j} += w[{i}] * x{j};" for i in range(r) for j in range(v)))
     single = f"""        for (; p < E_P1[e]; ++p, w += {r}) {{
@@ -229,7 +204,8 @@ def _chunks(groups: Groups, n_out: int, empty: np.ndarray) -> tuple[list[int], .
 UNPACK_TILE = c_text("unpack_tile.c")
 
 
-def entry_loop(n_panels: int, dispatch: str, finish: str, panel_outer_bytes: int = 0) -> str:
+def entry_loop(n_panels: int, dispatch: str, finish: str, panel_outer_bytes: int = 0,
+               walk: Callable[[str, str], str] | None = None) -> str:
     """C that runs a work item's panel entries chunk by chunk (`dispatch`: the switch cases on G_ROWS),
     then `finish` (see `finish_tile`) on each chunk's rows: they are still in L2 when they go to Y,
     while X's panels pass through L1.
@@ -240,18 +216,21 @@ def entry_loop(n_panels: int, dispatch: str, finish: str, panel_outer_bytes: int
     M = 4096 (12 panels, 4x3x3): 11.6 -> 11.3 ms; the BERT FFN block, fused, 20.1 -> 19.6 ms (in-process A/B);
     768 -> 3072, whose outputs fill more than half of L2, measured the same either way and keeps chunks outer.
     """
-    switch = f"""switch (G_ROWS[E_G[e]]) {{
+    def entries(first: str, last: str) -> str:  # E_PTR[first]..E_PTR[last]: each entry's switch, or `walk`
+        if walk is not None:
+            return walk(first, last)
+        return f"""for (long e = E_PTR[{first}]; e < E_PTR[{last}]; ++e) {{
+                        switch (G_ROWS[E_G[e]]) {{
 {dispatch}
-                        }}"""
+                        }}
+                    }}"""
     finish_each = f"""                {{
                     const long c0 = c, c1 = c + 1;  /* finish this chunk alone */
 {finish}
                 }}"""
     chunks_outer = f"""            for (long c = c0; c < c1; ++c) {{
                 for (long p = 0; p < {n_panels}; ++p)
-                    for (long e = E_PTR[p * (N_CHUNKS + 1) + c]; e < E_PTR[p * (N_CHUNKS + 1) + c + 1]; ++e) {{
-                        {switch}
-                    }}
+                    {entries("p * (N_CHUNKS + 1) + c", "p * (N_CHUNKS + 1) + c + 1")}
 {finish_each}
             }}
 """
@@ -259,9 +238,7 @@ def entry_loop(n_panels: int, dispatch: str, finish: str, panel_outer_bytes: int
         return chunks_outer
     return f"""            if (N_OUT * TILE * (long)sizeof(float) <= {panel_outer_bytes}L) {{  /* outputs wait in L2 */
                 for (long p = 0; p < {n_panels}; ++p)
-                    for (long e = E_PTR[p * (N_CHUNKS + 1) + c0]; e < E_PTR[p * (N_CHUNKS + 1) + c1]; ++e) {{
-                        {switch}
-                    }}
+                    {entries("p * (N_CHUNKS + 1) + c0", "p * (N_CHUNKS + 1) + c1")}
                 for (long c = c0; c < c1; ++c) {{
 {finish_each}
                 }}
@@ -430,6 +407,10 @@ def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, n
     p_x = io.offsets(panels.p_k0, cfg.tile_vectors * vec)
     # scattered one-row entries read (offset, weight) pairs out of W: one load a kept weight instead of two
     panels, p_x, words = pair_offsets(panels, groups.rows, p_x, word_order)
+    # and where every entry is such a row, a header word before each finds its row: no per-entry tables (entry_stream)
+    stream = headed(panels, groups.row0, words)
+    if stream is not None:
+        panels, words = stream
     # with the pattern as data, the panel loop's literal count is bucketed: one library serves every K of a bucket
     e_ptr, n_panels = bucketed(panels.e_ptr, panels.count, len(chunk_g0) + 1) if as_data and cfg.panel else \
         (panels.e_ptr, panels.count)
@@ -444,10 +425,15 @@ def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, n
         finish = finish_tile("none", before_unpack="            act_rows(yb, C_N0[c0], C_N1[c1 - 1]);\n")
     else:
         extra, finish, tile_act = "", finish_tile(act), act
-    tiles = _HIGH_FLOAT + "".join(_tile_function(r, tile_act, cfg.vectors_for(r)) for r in range(1, cfg.rows + 1))
+    v1 = cfg.vectors_for(1)
+    if stream is None:
+        tiles = HIGH_FLOAT + "".join(_tile_function(r, tile_act, cfg.vectors_for(r)) for r in range(1, cfg.rows + 1))
+        walk = None
+    else:  # only one-row entries, walked from their headers: no tile functions
+        tiles, walk = HIGH_FLOAT + stream_function(v1, tile_act, _ways(1, v1)), stream_walk(cfg.tile_vectors, v1)
     shape = shape_tables(io, as_data, n_in, n_out)
     tables = shape + tables
-    body = entry_loop(n_panels, dispatch, finish, panel_outer_bytes=cache_bytes(2) // 2)
+    body = entry_loop(n_panels, dispatch, finish, panel_outer_bytes=cache_bytes(2) // 2, walk=walk)
     text = fp32_source(vec, cfg, n_in, n_out, tables.c(as_data) + extra + tiles, fp32_driver(name, body), io=io,
                        shape_in_tables=bool(shape.scalars))
     return KernelSource(text, tables, as_data, words)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from sparta_explore.kernels.entry_stream import Headed
 from sparta_explore.kernels.word_pairs import Interleaved, WordMap
 
 # Pattern tables longer than this are baked as assembler data: gcc's C parser spent most of a kernel's build
@@ -134,7 +135,7 @@ class KernelSource:
     text: str
     tables: PatternTables
     as_data: bool
-    words: WordMap | Interleaved | None = field(default=None, compare=False)
+    words: WordMap | Interleaved | Headed | None = field(default=None, compare=False)
 
     def kernel_words(self, packed: np.ndarray) -> np.ndarray:
         """The float32 array the kernel reads as W, from the weights packed in groups' order."""
