@@ -24,6 +24,7 @@ import math
 import numpy as np
 
 from sparta_explore.fake_quant import qmax
+from sparta_explore.kernels.act_rows import act_rows_wide
 from sparta_explore.kernels.bsr_codegen import (
     _ACTIVATIONS,
     _PRELUDE,
@@ -32,7 +33,6 @@ from sparta_explore.kernels.bsr_codegen import (
     KernelIO,
     V,
     _vectors,
-    act_rows_wide,
     entry_loop,
     entry_tables,
     finish_tile,

@@ -38,12 +38,13 @@ CANDIDATES = (TileConfig(4, 3, 6), TileConfig(4, 2, 4), TileConfig(2, 3, 6), Til
 # candidate before, was never the fastest there (up to 1.85x the best)
 SEGMENT_CANDIDATES = (TileConfig(6, 2, 6, layout="segments"), TileConfig(6, 2, 2, layout="segments"))
 MIN_SHARING = 2.0  # rows per (panel, pattern) below which the segment layout only adds spills
-TUNING_VERSION = 19  # 10: long runs and sharing capped; 11: shapes to half an octave; 12: split flat-loop sums;
+TUNING_VERSION = 20  # 10: long runs and sharing capped; 11: shapes to half an octave; 12: split flat-loop sums;
 # 13: 16-float kernels pack X and unpack Y in 8 x 8 register blocks; 14: K panels fill L1, scattered sets per width;
 # 15: K-panel tilings on 16 floats apply their activation as a pass over rows; 16: one-word segments below 8 words;
 # 17: tall blocks on 8-row (AVX2: 6-row) tiles of 2 vectors, segments' 6x2x2 for few rows
 # 18: fp32 K panels of 48 KiB or more (`panels.fp32_budget`); 19: scattered one-row entries read (offset, weight)
-# words (`word_pairs`), work items handed to threads one at a time (`schedule(dynamic, 1)`)
+# words (`word_pairs`), work items handed to threads one at a time (`schedule(dynamic, 1)`); 20: kernels whose entries
+# are all such rows walk them from header words (`entry_stream`)
 
 
 # Blocks of 8 rows or more, per vector width. Zen 5, the old set (8x8 .. 32x32 at 90%, BERT shapes, with and
