@@ -262,6 +262,11 @@ def print_table(rows: list[Case], threads: int, failure: str | None, load: float
           f"deepsparse={versions.get('deepsparse', '-')}"
           + (f" (engine: {engine.get('avx')}, vnni={engine.get('vnni')}, int8 graph {versions.get('int8')})"
              if engine else "") + f" sparsity={SPARSITY:.0%}")
+    if engine.get("vnni") and "avx512_vnni" not in flags and "avx_vnni" not in flags:
+        # NM_ARCH=avx2 picks DeepSparse's AVX2 build, which still runs VNNI where the CPU has it (an AVX2 + VNNI
+        # machine), while our ceiling hides VNNI too (a plain AVX2 machine): its int8 rows are not like for like
+        print("note: DeepSparse runs VNNI under this ceiling (its AVX2 build on a VNNI CPU); ours has no VNNI "
+              "here, so the int8 rows compare an AVX2 + VNNI machine with a plain AVX2 one")
     busy = " (other work on this machine: timings are noisy, DeepSparse's pinned threads most)" if load > 0.5 else ""
     print(f"load average (1 min) before this run: {load:.2f}{busy}")
     if failure is not None:
