@@ -358,7 +358,11 @@ def generate_source(groups: Groups, n_out: int, n_in: int, vec: int, act: str, n
     e_ptr, n_panels = bucketed(panels.e_ptr, panels.count, len(chunk_g0) + 1) if as_data and cfg.panel else \
         (panels.e_ptr, panels.count)
     # offsets as int32 (int8's P_XOFF too): a scattered pattern streams one per kept weight, 4 bytes instead of 8
-    tables += entry_tables(panels, e_ptr).array("P_X", p_x, "int32_t").array("P_LEN", panels.p_len)
+    if stream is None:
+        tables += entry_tables(panels, e_ptr).array("P_X", p_x, "int32_t").array("P_LEN", panels.p_len)
+    else:  # a walk reads where its range starts; rows, counts and flags are in the headers
+        starts = PatternTables().array("E_WOFF", panels.e_woff).array("E_PTR", e_ptr)
+        tables = tables.without("G_ROW0", "G_ROWS") + starts
     dispatch = "\n".join(
         f"{' ' * 24}case {r}: " + " ".join(f"tile{r}(xt, yb, {j} * {cfg.vectors_for(r)} * VEC, e, W, bias, P);"
                                          for j in range(cfg.tile_vectors // cfg.vectors_for(r))) + " break;"

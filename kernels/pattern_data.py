@@ -69,6 +69,15 @@ class PatternTables:
             raise ValueError(f"table {name}: C type must be one of {sorted(_BLOBS)}, got {ctype!r}")
         return PatternTables(self.scalars, self.arrays + ((name, np.asarray(values, dtype=np.int64), ctype),))
 
+    def without(self, *names: str) -> PatternTables:
+        """These tables less the arrays named (a kernel that reads none of them).
+
+        Example:
+            >>> [name for name, _, _ in PatternTables().array("A", [1]).array("B", [2]).without("A").arrays]
+            ['B']
+        """
+        return PatternTables(self.scalars, tuple(a for a in self.arrays if a[0] not in names))
+
     def __add__(self, other: PatternTables) -> PatternTables:
         return PatternTables(self.scalars + other.scalars, self.arrays + other.arrays)
 
