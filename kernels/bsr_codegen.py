@@ -214,6 +214,9 @@ def entry_loop(n_panels: int, dispatch: str, finish: str, panel_outer_bytes: int
     once, not once per chunk, and the outputs wait in L2 (`panels.cache_bytes(2)`). 90% unstructured 3072 -> 768 at
     M = 4096 (12 panels, 4x3x3): 11.6 -> 11.3 ms; the BERT FFN block, fused, 20.1 -> 19.6 ms (in-process A/B);
     768 -> 3072, whose outputs fill more than half of L2, measured the same either way and keeps chunks outer.
+
+    `walk` ((first, last) -> C) runs each range E_PTR[first]..E_PTR[last] in place of its per-entry switch: a
+    kernel whose entries are all headed one-row streams (`entry_stream.stream_walk`).
     """
     def entries(first: str, last: str) -> str:  # E_PTR[first]..E_PTR[last]: each entry's switch, or `walk`
         if walk is not None:
