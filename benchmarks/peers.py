@@ -286,6 +286,7 @@ def print_table(rows: list[Case], threads: int, failure: str | None, load: float
         if best_ms < ds_ms:
             notes.append("ds/ours against DS in 2-D, its faster layout here")
             turns = c.turns2d
+        verdict = turns.verdict()  # over the turns of the layout ds/ours takes
         for label, ds in (("DS", c.ds), ("DS 2-D", c.ds2d)):
             if "error" in ds and failure is None:
                 notes.append(f"{label} failed: {ds['error']}")
@@ -297,11 +298,11 @@ def print_table(rows: list[Case], threads: int, failure: str | None, load: float
             notes.append(f"DS 2-D err {c.ds2d['err']:.1e}")
         print(f"{c.shape:<15} {c.batch:>6} {c.pattern:>12} {c.prec:>5} {fmt(c.ours_ms, '9.2f')} {fmt(ds_ms, '9.2f')} "
               f"{fmt(best_ms / c.ours_ms, '8.2f')} {turns.ratio_range():>9} {fmt(turns.median_ratio(), '7.2f')} "
-              f"{turns.verdict():>7} "
+              f"{verdict:>7} "
               f"{fmt(float(c.ds2d.get('ms', math.nan)), '9.2f')} "
               f"{fmt(c.ours_build_s, '12.2f')} {fmt(float(c.ds.get('compile_s', math.nan)), '12.2f')} "
               f"{fmt(c.ours_err, '9.1e')} {fmt(ds_err, '9.1e')}  {'; '.join(notes)}", flush=True)
-        verdicts.append((c.id, turns.verdict()))
+        verdicts.append((c.id, verdict))
     print(verdict_line(verdicts))
 
 

@@ -17,7 +17,7 @@ Measured on Zen 4: a C model of both walks (one thread, 3 panels of 256 k, 25.5 
 implicit-GEMM 3x3 convs 1.06-1.16x. The tables such a kernel keeps are `E_WOFF` and `E_PTR`.
 
 Example:
-    >>> from sparta_explore.kernels.word_pairs import Interleaved
+    >>> from sparta_explore.kernels.word_pairs import Interleaved, WordMap
     >>> heads = Headed(Interleaved(np.array([8, 24, 40], np.int32)), np.array([3, 0]), np.array([2, 1]),
     ...                np.array([1, 2]))
     >>> w = heads.apply(np.array([0.5, 0.25, 2.0], np.float32)).view(np.int32)
@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -34,7 +35,7 @@ import numpy as np
 from sparta_explore.activations import ACTIVATIONS
 from sparta_explore.kernels.groups import _exclusive_cumsum
 from sparta_explore.kernels.panels import Panels
-from sparta_explore.kernels.word_pairs import Interleaved
+from sparta_explore.kernels.word_pairs import Interleaved, WordMap
 
 FIRST, LAST = 1 << 30, 1 << 31  # header flags in the high half, beside the piece count (< 2^30)
 
@@ -93,6 +94,9 @@ class Headed:
         # piece i of entry e sits after the e + 1 headers up to and including its entry's
         object.__setattr__(self, "_piece_at", 2 * (np.arange(entry.size, dtype=np.int64) + entry + 1))
         object.__setattr__(self, "_head_at", 2 * (_exclusive_cumsum(count)[:-1] + np.arange(count.size)))
+        flags = np.asarray(self.flags, dtype=np.int64)
+        high = count | np.where(flags & 1, FIRST, 0) | np.where(flags & 2, LAST, 0)
+        object.__setattr__(self, "_high", high.astype(np.uint32).view(np.int32))
 
     def apply(self, words: np.ndarray) -> np.ndarray:
         """The kernel's float32 weight array from the words it would read without pairs."""
@@ -102,19 +106,17 @@ class Headed:
         out[self._piece_at + 1] = body[1::2]
         bits = out.view(np.int32)
         bits[self._head_at] = np.asarray(self.row, dtype=np.int32)
-        flags = np.asarray(self.flags, dtype=np.int64)
-        high = np.asarray(self.count, dtype=np.int64) | np.where(flags & 1, FIRST, 0) | np.where(flags & 2, LAST, 0)
-        bits[self._head_at + 1] = high.astype(np.uint32).view(np.int32)
+        bits[self._head_at + 1] = self._high
         return out
 
 
-def headed(panels: Panels, row0: np.ndarray, words: Interleaved | object) -> tuple[Panels, Headed] | None:
+def headed(panels: Panels, row0: np.ndarray, words: WordMap | Interleaved | None) -> tuple[Panels, Headed] | None:
     """(`panels` whose E_WOFF skip each entry's header, the map of the weight array with headers) where every entry
     is one row of (offset, weight) pairs in entry order (`words` is `Interleaved` and entry e's pieces follow entry
     e - 1's), else None: the kernel keeps its tables.
 
     Example:
-        >>> from sparta_explore.kernels.word_pairs import Interleaved
+        >>> from sparta_explore.kernels.word_pairs import Interleaved, WordMap
         >>> p = Panels(rows=4, e_group=np.array([1, 0]), e_piece0=np.array([0, 0]), e_piece1=np.array([2, 1]),
         ...            e_woff=np.array([0, 4]), e_flags=np.array([7, 7]), p_k0=np.zeros(0, np.int64),
         ...            p_len=np.zeros(0, np.int64), e_ptr=np.array([0, 2]), count=1)
@@ -162,7 +164,7 @@ static inline void stream1(const float *xb, float *yb, long t, const uint64_t *s
 """
 
 
-def stream_walk(tile_vectors: int, v: int):
+def stream_walk(tile_vectors: int, v: int) -> Callable[[str, str], str]:
     """A function (first, last) -> C that runs the entries E_PTR[first]..E_PTR[last] as streams: one walk per
     `v` vectors of the tile's `tile_vectors` (`bsr_codegen.entry_loop`'s `walk`).
 
