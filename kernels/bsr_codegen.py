@@ -47,7 +47,7 @@ LAYOUTS = ("rows", "segments")
 
 @dataclass(frozen=True)
 class TileConfig:
-    """Register tiling of the generated kernel, chosen by `tuning.search` or left at the default.
+    """Register tiling of the generated kernel, chosen by `sparse_linear.search` or left at the default.
 
     `rows`: output rows per group (register tile height); `vectors`: vectors of M per tile
     for multi-row groups; `single_vectors`: for one-row groups, which are load-bound and

@@ -36,6 +36,7 @@ from sparta_explore.kernels.int8_codegen import (
 )
 from sparta_explore.kernels.lowbit_codegen import offset_correction, pack_quads
 from sparta_explore.kernels.pattern_data import KernelSource, pattern_struct
+from sparta_explore.kernels.tuning import search_tiles
 from sparta_explore.kernels.vnni_codegen import WIDE_MIN_M, DotMode, dot_mode, for_scattered, native_dot_mode
 
 _ACT = {name: act.torch_fn for name, act in ACTIVATIONS.items()}  # the one table: sparta_explore/activations.py
@@ -98,8 +99,6 @@ class KernelLinear(CompiledOp):
         # the tiling a (cached) search chose, here or by the caller: a tune step has nothing to add
         self.tile_searched = searching or bool(tile_searched)
         if searching:
-            from sparta_explore.kernels.tuning import search
-
             tile = search(weight, bias, kept, block_rows=block_rows, activation=activation, m=expected_m,
                           cache_dir=cache_dir)
         searched = time.perf_counter()
@@ -271,6 +270,24 @@ class SparseLinear(KernelLinear):
         """The masked dense op this kernel must match, in `x`'s dtype."""
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return _ACT[self.activation](F.linear(x, self.weight.to(x.dtype), bias))
+
+
+def search(weight: torch.Tensor, bias: torch.Tensor | None, kept: torch.Tensor, *, block_rows: int, activation: str,
+           m: int, cache_dir: str | os.PathLike | None = None, repeats: int = 5) -> TileConfig:
+    """The fastest candidate tiling for this pattern's class at about `m` rows of input (cached per class).
+
+    What `tile="auto"` runs: candidates are `SparseLinear`s built side by side and timed by
+    `tuning.search_tiles`; here, beside the layer, so that tuning.py need not import it.
+
+    Example:
+        >>> cfg = search(w, b, kept, block_rows=32, activation="none", m=4096)  # doctest: +SKIP
+    """
+    def make(cfg: TileConfig) -> SparseLinear:
+        return SparseLinear(weight, bias, kept, block_rows=block_rows, activation=activation, cache_dir=cache_dir,
+                            tile=cfg, check=False)
+
+    return search_tiles(kept, make, block_rows=block_rows, activation=activation, m=m, cache_dir=cache_dir,
+                        repeats=repeats)
 
 
 def _resolve_dot(dot: str | None, emulate: bool) -> DotMode | None:

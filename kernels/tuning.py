@@ -7,7 +7,9 @@ sharing, not the exact mask), activation, M bucket, CPU flags and compiler. The 
 layers of a model pruned alike, and every trial of a search, share one search: the tiling
 follows the pattern's statistics, and timing every new mask cost most of a compile (BERT-base,
 72 linears: 38 of 98 s). The segment layout is a candidate only where rows share panel
-patterns (`segment_codegen.sharing`).
+patterns (`segment_codegen.sharing`). The search that builds `SparseLinear` candidates is
+`sparse_linear.search`: it hands its builder to `search_tiles` here, so this module never
+imports the layer that calls it.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -293,26 +297,23 @@ def searched(kept: np.ndarray, block_rows: int, activation: str, m: int,
     return _read(_record_path(kept, block_rows, activation, m, cache_dir))
 
 
-def search(weight: torch.Tensor, bias: torch.Tensor | None, kept: torch.Tensor, *, block_rows: int, activation: str,
-           m: int, cache_dir: str | os.PathLike | None = None, repeats: int = 5) -> TileConfig:
-    """The fastest candidate tiling for this pattern's class at about `m` rows of input (cached per class).
+def search_tiles(kept: torch.Tensor, make: Callable[[TileConfig], Any], *, block_rows: int, activation: str, m: int,
+                 cache_dir: str | os.PathLike | None = None, repeats: int = 5) -> TileConfig:
+    """The fastest candidate tiling for this pattern's class at about `m` rows of input, each built by `make` (cached).
+
+    `make(cfg)` builds the layer to time with tiling `cfg` (its `fallback_reason` None when its kernel works):
+    `sparse_linear.search` passes a `SparseLinear` builder, so this module never imports the layer that calls it.
 
     Example:
-        >>> cfg = search(w, b, kept, block_rows=32, activation="none", m=4096)  # doctest: +SKIP
+        >>> cfg = search_tiles(kept, lambda cfg: SparseLinear(w, b, kept, tile=cfg), block_rows=32,
+        ...                    activation="none", m=4096)  # doctest: +SKIP
     """
-    from sparta_explore.kernels.sparse_linear import SparseLinear  # the module under test builds through us
-
     kept_np = kept.cpu().numpy().astype(bool)
     path = _record_path(kept_np, block_rows, activation, m, cache_dir)
     found = _read(path)
     if found is not None:
         return found
     x = torch.randn(min(m, 2048), kept.shape[1], generator=torch.Generator().manual_seed(0))
-
-    def make(cfg: TileConfig) -> SparseLinear:
-        return SparseLinear(weight, bias, kept, block_rows=block_rows, activation=activation, cache_dir=cache_dir,
-                            tile=cfg, check=False)
-
     offered = candidates(kept_np, block_rows)
     # built side by side: each is mostly a gcc process (the codegen is array code), so the cores share them
     with ThreadPoolExecutor(max_workers=max(1, min(len(offered), os.cpu_count() or 1))) as pool:

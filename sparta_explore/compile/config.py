@@ -41,7 +41,7 @@ class CompileConfig:
     * `fuse`: with measured choice, time chained sparse kernels (fp32 or int8) fused tile by tile (an FFN's
       fc1 + fc2) and keep the fusion where it is faster (`compile/kernel_pairs.py`).
     * `passes`: the graph and kernel passes to run, by name (None: all, in their order;
-      `()`: none). `sparta_explore.compile.passes.base.PASSES` lists them.
+      `()`: none). `sparta_explore.compile.passes.pipeline.ORDER` lists them.
     * `guard`: time the whole compiled model against the dense model once; if it is
       slower, run the faster of it and the model masked with the table (`compile/guard.py`).
     * `choices`: (op, candidate) pairs (a trial row's ``kernel_choices``, "op:choice;..." also
@@ -73,7 +73,7 @@ class CompileConfig:
 
     def __post_init__(self) -> None:
         if self.passes is not None:
-            from sparta_explore.compile.passes.base import check_pass_names
+            from sparta_explore.compile.passes.pipeline import check_pass_names
 
             if isinstance(self.passes, str) or not isinstance(self.passes, Collection):
                 raise ConfigError(f"CompileConfig.passes must be a sequence of pass names, got {self.passes!r}")

@@ -5,16 +5,9 @@ Example:
     >>> table = propagate(graph, pruned_table)  # doctest: +SKIP
 """
 
+from sparta_explore.propagation.builtin_rules import default_rules
 from sparta_explore.propagation.engine import propagate, run_propagation
-from sparta_explore.propagation.registry import (
-                                                 OpUpdate,
-                                                 OpView,
-                                                 RuleEntry,
-                                                 RuleSet,
-                                                 Unsupported,
-                                                 default_rules,
-                                                 register_rule,
-)
+from sparta_explore.propagation.registry import OpUpdate, OpView, RuleEntry, RuleSet, Unsupported, register_rule
 from sparta_explore.propagation.report import PropagationReport, PropagationResult
 from sparta_explore.propagation.scramble import scramble
 

@@ -30,6 +30,7 @@ from torch import fx
 from sparta_explore.compact import both, either, equal, keep_where
 from sparta_explore.errors import TeSANameError
 from sparta_explore.graph import Graph
+from sparta_explore.propagation.builtin_rules import default_rules
 from sparta_explore.propagation.registry import (
     OpUpdate,
     OpView,
@@ -39,7 +40,6 @@ from sparta_explore.propagation.registry import (
     Slot,
     Target,
     Unsupported,
-    default_rules,
 )
 from sparta_explore.propagation.report import PropagationReport, PropagationResult
 from sparta_explore.propagation.scramble import scramble

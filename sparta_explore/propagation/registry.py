@@ -8,6 +8,10 @@ so a rule can only ever prune more or lower bits.
 
 Targets are module classes (`nn.Linear`), functions (`F.linear`, `torch.matmul`,
 `operator.add`) or tensor-method names (`"view"`).
+
+This module holds the table and the decorator only; the built-in rules register into
+`BUILTINS` from their own modules (`rules_*.py`), and `builtin_rules.default_rules()` is
+the table with all of them loaded.
 """
 
 from __future__ import annotations
@@ -118,7 +122,7 @@ class RuleEntry:
 
 
 class RuleSet:
-    """Target -> rule. `default_rules()` holds the built-ins; `with_overrides` layers user rules.
+    """Target -> rule. `default_rules()` (builtin_rules.py) holds the built-ins; `with_overrides` layers user rules.
 
     Example:
         >>> rs = RuleSet()
@@ -159,7 +163,9 @@ class RuleSet:
         return out
 
 
-_DEFAULT = RuleSet()
+# the built-ins, filled as each rules module is imported: read it through `builtin_rules.default_rules()`,
+# which imports them all first (this module must not: they import it for `register_rule`)
+BUILTINS = RuleSet()
 
 
 def register_rule(*targets: Target, passive: bool = False, rules: RuleSet | None = None) -> Callable[[Rule], Rule]:
@@ -171,13 +177,6 @@ def register_rule(*targets: Target, passive: bool = False, rules: RuleSet | None
         ...     return OpUpdate(output=op.args[0].kept)
     """
     def add(fn: Rule) -> Rule:
-        (rules if rules is not None else _DEFAULT).add(targets, RuleEntry(fn.__name__, fn, passive))
+        (rules if rules is not None else BUILTINS).add(targets, RuleEntry(fn.__name__, fn, passive))
         return fn
     return add
-
-
-def default_rules() -> RuleSet:
-    """The built-in rules (importing the rule modules registers them)."""
-    from sparta_explore.propagation import rules_elementwise, rules_linear, rules_norm, rules_pool, rules_shape  # noqa: F401
-
-    return _DEFAULT

@@ -9,6 +9,7 @@ import torch
 from sparta_explore.activations import ACTIVATIONS
 from sparta_explore.kernels import SparseLinear, bsr_codegen, tuning
 from sparta_explore.kernels.panels import fp32_budget, panel_rows
+from sparta_explore.kernels.sparse_linear import search
 from sparta_explore.kernels.tuning import (
     BLOCK_CANDIDATES,
     CANDIDATES,
@@ -19,7 +20,6 @@ from sparta_explore.kernels.tuning import (
     m_bucket,
     pattern_class,
     scattered_candidates,
-    search,
 )
 
 from .test_sparse_linear import block_mask, check

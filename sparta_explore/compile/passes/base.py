@@ -7,6 +7,10 @@ have kernels (fused output stages, fused int8 pairs) and live beside `compile`. 
 never edits the graph it is given: it builds a new GraphModule that shares every module
 and tensor it does not change (`graph_edit.editable`).
 
+This module is the registry only: every pass module imports it to register, so it never
+imports them (nor `pipeline`, which imports them all). `PASSES` is complete once `pipeline`
+is imported; `pipeline.check_pass_names` checks names against it.
+
 Example:
     >>> @register_pass("my_pass")                         # doctest: +SKIP
     ... def my_pass(graph, table, options):
@@ -18,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from sparta_explore.errors import ConfigError
 from sparta_explore.graph import Graph
 from sparta_explore.tesa import TeSA
 
@@ -104,20 +107,3 @@ def declare_kernel_pass(name: str, doc: str) -> None:
     """Name a pass that `compile` runs once kernels are chosen (its code lives with compile), so configs list it."""
     if name not in PASSES:
         PASSES[name] = GraphPass(name, "kernels", None, doc)
-
-
-def check_pass_names(names: tuple[str, ...], key: str = "CompileConfig.passes") -> tuple[str, ...]:
-    """`names` if every one is a registered pass, else a `ConfigError` naming `key` and the choices.
-
-    Example:
-        >>> check_pass_names(("fold",))
-        Traceback (most recent call last):
-        ...
-        sparta_explore.errors.ConfigError: CompileConfig.passes: unknown pass 'fold'; choose from ...
-    """
-    from sparta_explore.compile.passes import pipeline  # noqa: F401  (registers every pass)
-
-    for name in names:
-        if name not in PASSES:
-            raise ConfigError(f"{key}: unknown pass {name!r}; choose from {', '.join(PASSES)}")
-    return tuple(names)

@@ -36,6 +36,7 @@ from sparta_explore.compile.passes import (  # noqa: F401  (each registers its p
     simplify,
 )
 from sparta_explore.compile.passes.base import PASSES, PassOptions, Table, declare_kernel_pass
+from sparta_explore.errors import ConfigError
 from sparta_explore.fake_quant import INT_BITS
 from sparta_explore.graph import Graph
 
@@ -57,6 +58,23 @@ class PassReport:
     notes: tuple[str, ...]
     seconds: float
     graph: Graph | None = field(default=None, repr=False, compare=False)
+
+
+def check_pass_names(names: tuple[str, ...], key: str = "CompileConfig.passes") -> tuple[str, ...]:
+    """`names` if every one is a registered pass, else a `ConfigError` naming `key` and the choices.
+
+    Here, not in `base`, because the choices are complete only once every pass module is imported (above).
+
+    Example:
+        >>> check_pass_names(("fold",))
+        Traceback (most recent call last):
+        ...
+        sparta_explore.errors.ConfigError: CompileConfig.passes: unknown pass 'fold'; choose from ...
+    """
+    for name in names:
+        if name not in PASSES:
+            raise ConfigError(f"{key}: unknown pass {name!r}; choose from {', '.join(PASSES)}")
+    return tuple(names)
 
 
 def graph_pass_names(names: Sequence[str] | None = None) -> tuple[str, ...]:

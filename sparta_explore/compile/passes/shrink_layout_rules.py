@@ -20,9 +20,9 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from sparta_explore.compile.passes.shrink import Present, ShrinkWalk
 from sparta_explore.compile.passes.shrink_ops import SelectChannels
 from sparta_explore.compile.passes.shrink_rules import register_shrink_rule
+from sparta_explore.compile.passes.shrink_walk import Present, ShrinkWalk
 
 
 def _size_list(node: fx.Node) -> tuple[list[object], bool]:

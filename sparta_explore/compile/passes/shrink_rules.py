@@ -34,8 +34,8 @@ from sparta_explore.compile.passes.channel_ops import (
     scalar,
 )
 from sparta_explore.compile.passes.graph_edit import clone_module, set_module
-from sparta_explore.compile.passes.shrink import Present, ShrinkWalk
 from sparta_explore.compile.passes.shrink_ops import AlignedAdd, SelectChannels
+from sparta_explore.compile.passes.shrink_walk import Present, ShrinkWalk
 from sparta_explore.tesa import TeSA
 
 Rule = Callable[[ShrinkWalk, fx.Node], None]

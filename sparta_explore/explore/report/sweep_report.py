@@ -1,6 +1,7 @@
 """A short markdown report of a results table: the best model per objective, the fronts, FLOPs vs clock.
 
-Sections: setup and dense baseline; the pick of every registered objective at the target
+A line naming where the project's own benchmark pages live (`BENCHMARK_PAGES`), then per
+workload: setup and dense baseline; the pick of every registered objective at the target
 (latency-guided and FLOPs-guided picks side by side, both on measured latency); the two
 fronts' hypervolumes; where FLOPs mislead (rank correlation of FLOPs and latency, the
 trials furthest from what FLOPs predict); the figures; every trial.
@@ -27,6 +28,10 @@ from sparta_explore.explore.report.pareto import front_hypervolume, guided_front
 from sparta_explore.explore.report.plots import metric_label, pattern_label, result_groups
 from sparta_explore.explore.trial.objectives import get_objective, objective_names
 
+# this report holds one sweep's numbers; the project's own measured figures (kernels, whole models, peers) are
+# kept in the repository, which a report written anywhere else can name only by path
+BENCHMARK_PAGES = ("Benchmark pages: docs/benchmarks/ in the sparta-explore repository "
+                   "(benchmarks/README.md indexes them).")
 TABLE_COLUMNS = ("pattern", "sparsity", "bits", "accuracy", "latency_ms", "speedup", "flops_ratio",
                  "sparsity_propagated", "mean_bits", "kernel_choices")
 
@@ -179,7 +184,7 @@ def render_report(df: pd.DataFrame, *, target: float | None = None, images: Sequ
     if df.empty:
         raise ConfigError("no results to report")
     target = float(target if target is not None else df["target"].median())
-    lines = ["# sparta-explore results", "", _intro(df), ""]
+    lines = ["# sparta-explore results", "", _intro(df), "", BENCHMARK_PAGES, ""]
     for suffix, rows in result_groups(df):
         own = [i for i in images if Path(i).stem.endswith(suffix)] if suffix else list(images)
         lines += _section(rows, target, own)

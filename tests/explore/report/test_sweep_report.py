@@ -5,7 +5,13 @@ import pytest
 
 from sparta_explore.errors import ConfigError
 from sparta_explore.explore.report.pareto import front_hypervolume
-from sparta_explore.explore.report.sweep_report import markdown_table, objective_picks, render_report, write_report
+from sparta_explore.explore.report.sweep_report import (
+    BENCHMARK_PAGES,
+    markdown_table,
+    objective_picks,
+    render_report,
+    write_report,
+)
 from sparta_explore.explore.sweep import sweep
 from sparta_explore.explore.trial.objectives import objective_names
 
@@ -44,6 +50,13 @@ def test_write_report_links_images_relative_to_it(results, tmp_path):
     (tmp_path / "out" / "figs").mkdir(parents=True)
     path = write_report(results, tmp_path / "out" / "report.md", images=[tmp_path / "out" / "figs" / "a.png"])
     assert "](figs/a.png)" in path.read_text()
+
+
+def test_report_names_where_the_benchmark_pages_live(results, tmp_path):
+    text = write_report(results, tmp_path / "report.md").read_text()
+    assert BENCHMARK_PAGES in text.splitlines()  # one line of its own, a repository path, not a URL
+    assert "docs/benchmarks/" in BENCHMARK_PAGES and "benchmarks/README.md" in BENCHMARK_PAGES
+    assert "://" not in BENCHMARK_PAGES
 
 
 def test_markdown_table_escapes_pipes_and_blanks_nan():
