@@ -98,14 +98,19 @@ def _bits_of(calib: dict[str, dict[str, dict[str, Any]]], fixed: tuple[int, Numb
 
 def _run(model: nn.Module, make: Callable[[], Any], compress: Callable[[Any], Any], name: str,
          fixed: tuple[int, NumberFormat] | None = None) -> QuantBits:
-    """Build, compress and unwrap an NNI quantizer; restore the weights if NNI left NaNs."""
+    """Build, compress and unwrap an NNI quantizer; restore the weights if NNI left NaNs, and each module's mode."""
     saved = copy.deepcopy(model.state_dict())
+    # NNI's evaluators train, and leave the model in training mode: a compile or a metric after
+    # `quantize` must see the model as the caller handed it (dropout off, BatchNorm frozen)
+    modes = [(module, module.training) for module in model.modules()]
     with quiet_nni():
         quantizer = make()
         try:
             _, calib = compress(quantizer)
         finally:
             quantizer.unwrap_model()
+            for module, training in modes:
+                module.training = training
     broken = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
     if broken:
         model.load_state_dict(saved)

@@ -56,6 +56,7 @@ def test_every_quantizer_table_equals_its_reported_bits(trained, digits, digits_
     assert {b for t in bits.values() for b, _ in t.values()} == {expected}
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert model(digits.test_x[:4]).shape == (4, 10)
+    assert not any(m.training for m in model.modules()), "the quantizer left the model in training mode"
 
 
 def test_mixed_precision_config_list(trained, digits, digits_task):
