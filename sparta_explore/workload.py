@@ -2,7 +2,8 @@
 
 A workload holds the dense model (or a function building it), example inputs (any
 number of tensors, positional or keyword: ``input_ids`` + ``attention_mask``), a metric
-(`evaluate(model) -> float`, higher is better, named), and optionally how to train it
+(`evaluate(model) -> float`, named; higher is better unless `higher_is_better` is False,
+as for a perplexity), and optionally how to train it
 under masks (`train_batches` + `loss`), the data calibration steers by, and which modules
 may be pruned. The embedded digits models are built-in workloads of the same type
 (`sparta_explore.zoo.workloads`); users load theirs by reference: a registered name,
@@ -61,8 +62,9 @@ class Workload:
 
     * `model`: the dense model, or a function building it (called once, on first use).
     * `inputs`: example inputs for capture (a tensor, a tuple, or a dict of keyword inputs).
-    * `metric`: `evaluate(model) -> float`, higher is better, on data the workload holds out;
-      `metric_name` names it in rows and reports.
+    * `metric`: `evaluate(model) -> float`, on data the workload holds out; `metric_name` names
+      it in rows and reports. `higher_is_better` says which way it improves: True for an accuracy
+      (the default), False for a loss or a perplexity.
     * `latency_inputs`: `batch -> inputs` for timing; None times `inputs` as they are.
     * `default_batch`: the batch a trial times when it asks for none.
     * `train_batches` (one epoch of batches, a fresh iterable per call) and `loss(model, batch)`:
@@ -82,6 +84,7 @@ class Workload:
     inputs: Any = field(repr=False)
     metric: Metric = field(repr=False)
     metric_name: str = "metric"
+    higher_is_better: bool = True
     latency_inputs: Callable[[int], Any] | None = field(default=None, repr=False)
     default_batch: int | None = None
     train_batches: Callable[[], Iterable[Any]] | None = field(default=None, repr=False)
@@ -104,6 +107,9 @@ class Workload:
             raise ConfigError(f"workload {self.name!r}: architecture must be a function building the model untrained")
         if not callable(self.metric):
             raise ConfigError(f"workload {self.name!r}: metric must be a function model -> float")
+        if not isinstance(self.higher_is_better, bool):
+            raise ConfigError(f"workload {self.name!r}: higher_is_better must be True or False, "
+                              f"got {self.higher_is_better!r}")
         if (self.train_batches is None) != (self.loss is None):
             raise ConfigError(f"workload {self.name!r}: train_batches and loss go together (training needs both)")
         if self.prunable is not None:

@@ -1,6 +1,7 @@
 """Embedded models and data: digits classifiers, BERT-style encoders, ResNet/MobileNet-style nets.
 
-Importing the zoo registers the digits models as built-in workloads (`zoo.workloads`);
+Importing the zoo registers the digits models (`zoo.workloads`) and the LLMs ``smollm2-135m`` and
+``smollm2-tiny`` (`zoo.llm`, which loads `transformers` and the weights only when used) as built-in workloads;
 `sparta_explore.workload` names the zoo as a source and imports it on the first lookup by name.
 
 Example:
@@ -15,6 +16,9 @@ from sparta_explore.zoo.digits_models import DigitsCNN, DigitsMLP
 from sparta_explore.zoo.registry import ModelSpec, build_model, example_inputs, get_spec, model_names, register_model
 from sparta_explore.zoo.training import TrainConfig, evaluate, pretrained, train
 from sparta_explore.zoo.workloads import digits_workload
+
+# isort: split
+from sparta_explore.zoo import llm  # noqa: F401  registers smollm2-135m and smollm2-tiny (loaded when used)
 
 __all__ = ["BertConfig", "BertEncoder", "DataSplit", "DigitsCNN", "DigitsMLP", "DigitsTransformer", "MobileNetMini",
            "ModelSpec", "ResNetMini", "TrainConfig", "build_model", "digits_workload", "evaluate", "example_inputs",
