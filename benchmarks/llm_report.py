@@ -1,0 +1,140 @@
+"""The figures of `llm.py`'s table that are pure arithmetic on what it measured: weight bytes, decode rate, goals.
+
+* `weights_bytes`: the bytes a deployment holds for the weights (the formula is in its docstring);
+* `decode_tok_s`: tokens per second of the decode part of `generate`, from two timed calls;
+* `goal_lines`: the goals of the LLM benchmark, PASS / MISS / n/a, from one run's perplexities and seconds.
+
+Example:
+    >>> decode_tok_s(1.3, 0.3, 11)
+    10.0
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+# the row names llm.py gives its compressors; the goals read these
+DENSE, WANDA_50, SPARSEGPT_50 = "dense", "wanda-50%", "sparsegpt-50%"
+WANDA_24, SPARSEGPT_24 = "wanda-2:4", "sparsegpt-2:4"
+# GPTQ's groups: 128 input columns do not tile SmolLM2's hidden width 576 (4.5 x 128); 64 tiles 576 and 1536
+GPTQ_GROUP = 64
+GPTQ_8, GPTQ_4 = f"gptq-w8g{GPTQ_GROUP}", f"gptq-w4g{GPTQ_GROUP}"
+PEER_Q4_K_M = "llama.cpp-Q4_K_M"
+COMPILED = ":compiled"  # suffix of a compiled row; the row without it is what was compiled
+CALIB_LIMIT_S = 300.0
+SCALE_BYTES = 2  # one fp16 scale per group
+
+
+@dataclass(frozen=True)
+class LinearWeights:
+    """One linear's weight as stored: `rows` x `cols`, of which `kept` are held (the rest pruned)."""
+
+    rows: int
+    cols: int
+    kept: int
+
+
+def weights_bytes(linears: Sequence[LinearWeights], other_params: int, bits: int = 32,
+                  group_size: int | None = None) -> float:
+    """Bytes of the weights: the compressed linears, plus every other parameter at fp32.
+
+    bits=32 (fp32, dense or pruned): 4 bytes per kept weight. bits < 32 (GPTQ): bits/8 per
+    kept weight, plus per group of `group_size` input columns of each row (None: one per row)
+    an fp16 scale and a bits-wide zero point: rows * ceil(cols / group_size) * (2 + bits/8).
+    A pruned layer's index (which weights are kept) is not counted: a bitmap would add
+    rows * cols / 8 bytes. `other_params` (embeddings, norms) are 4 bytes each in every row.
+
+    Example:
+        >>> weights_bytes([LinearWeights(2, 256, 512)], other_params=10)   # dense fp32
+        2088.0
+        >>> weights_bytes([LinearWeights(2, 256, 256)], other_params=0)    # 50% pruned fp32
+        1024.0
+        >>> weights_bytes([LinearWeights(2, 256, 512)], 0, bits=4, group_size=128)  # 256 + 4 groups x 2.5
+        266.0
+    """
+    total = 4.0 * other_params
+    for w in linears:
+        if bits >= 32:
+            total += 4.0 * w.kept
+        else:
+            groups = w.rows * (1 if group_size is None else math.ceil(w.cols / group_size))
+            total += w.kept * bits / 8 + groups * (SCALE_BYTES + bits / 8)
+    return total
+
+
+def decode_tok_s(seconds_n: float, seconds_1: float, n: int) -> float:
+    """Decode tokens per second from `generate` timed with max_new_tokens=n and with 1: (n - 1) / the difference.
+
+    Both calls run the same prefill and pick the first token from its logits; the n-token call
+    adds n - 1 one-token forwards with the KV cache. nan where that is not measurable.
+
+    Example:
+        >>> decode_tok_s(2.0, 0.5, 31)
+        20.0
+        >>> decode_tok_s(0.5, 0.6, 31)
+        nan
+    """
+    extra = seconds_n - seconds_1
+    return (n - 1) / extra if n >= 2 and extra > 0 else math.nan
+
+
+def _ppl(ppl: Mapping[str, float], name: str) -> float | None:
+    value = ppl.get(name)
+    return value if value is not None and math.isfinite(value) else None
+
+
+def goal_lines(ppl: Mapping[str, float], calib_s: Mapping[str, float], *, calib_windows: int,
+               calib_limit_s: float = CALIB_LIMIT_S) -> list[str]:
+    """The goal lines, each "PASS  ...", "MISS  ..." or "n/a   ..." (a row it needs did not run or failed).
+
+    `ppl`: perplexity by row name (ours and the peer's, `PEER_Q4_K_M`); `calib_s`: our rows'
+    compressor seconds. Compiled rows ("<row>:compiled") each add the check that the compiled
+    model scores as the compressed one did, within 0.1%.
+
+    Example:
+        >>> goal_lines({"wanda-50%": 22.0, "sparsegpt-50%": 21.0}, {}, calib_windows=8)[0]
+        'PASS  SparseGPT 50% ppl 21.00 <= Wanda 50% ppl 22.00'
+    """
+    lines = []
+
+    def verdict(ok: bool | None, text: str) -> None:
+        lines.append(f"{'n/a ' if ok is None else 'PASS' if ok else 'MISS'}  {text}")
+
+    def compare(left: str, left_label: str, right: str, right_label: str, factor: float = 1.0) -> None:
+        a, b = _ppl(ppl, left), _ppl(ppl, right)
+        scaled = f"{factor:g} x " if factor != 1 else ""
+        if a is None or b is None:
+            verdict(None, f"{left_label} ppl <= {scaled}{right_label} ppl (needs rows {left} and {right})")
+        else:
+            verdict(a <= factor * b, f"{left_label} ppl {a:.2f} <= {scaled}{right_label} ppl {b:.2f}"
+                    + (f" = {factor * b:.2f}" if factor != 1 else ""))
+
+    compare(SPARSEGPT_50, "SparseGPT 50%", WANDA_50, "Wanda 50%")
+    compare(SPARSEGPT_24, "SparseGPT 2:4", WANDA_24, "Wanda 2:4", 0.8)
+    compare(GPTQ_4, f"GPTQ 4-bit g{GPTQ_GROUP}", PEER_Q4_K_M, "llama.cpp Q4_K_M")
+    q8, dense = _ppl(ppl, GPTQ_8), _ppl(ppl, DENSE)
+    if q8 is None or dense is None:
+        verdict(None, f"GPTQ 8-bit within 1% of dense (needs rows {GPTQ_8} and {DENSE})")
+    else:
+        verdict(abs(q8 / dense - 1) <= 0.01, f"GPTQ 8-bit within 1% of dense: ppl {q8:.3f} / {dense:.3f} = "
+                                              f"{q8 / dense:.4f}")
+    timed = {name: s for name, s in calib_s.items() if name.startswith(("sparsegpt", "gptq")) and math.isfinite(s)}
+    if not timed:
+        verdict(None, f"calibration of the whole model (SparseGPT, GPTQ) under {calib_limit_s:g} s (none ran)")
+    else:
+        slowest = max(timed, key=timed.__getitem__)
+        verdict(timed[slowest] < calib_limit_s, f"calibration of the whole model (SparseGPT, GPTQ) under "
+                                                f"{calib_limit_s:g} s on {calib_windows} windows: slowest {slowest} "
+                                                f"{timed[slowest]:.1f} s")
+    for name in ppl:
+        if name.endswith(COMPILED):
+            got, want = _ppl(ppl, name), _ppl(ppl, name[:-len(COMPILED)])
+            base = name[:-len(COMPILED)]
+            if got is None or want is None:
+                verdict(None, f"{base} compiled equals compressed (a perplexity is missing)")
+            else:
+                verdict(abs(got / want - 1) < 1e-3, f"{base} compiled equals compressed: |ppl {got:.4f} / "
+                                                    f"{want:.4f} - 1| = {abs(got / want - 1):.2e} < 1e-3")
+    return lines
