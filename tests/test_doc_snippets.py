@@ -7,6 +7,7 @@ as a reader would), in a scratch folder that holds links to the repository's
 `bin/` first on PATH. A block that must not run here (a `make` target, `nnictl`, an hour's
 benchmark) carries the comment ``<!-- snippet: not run (why) -->`` on the line before its
 fence, and the reason is required. Other fences (```text, ```yaml, plain ```) are not code.
+The README's snippets run in `make test`, the guides' (minutes together) in `make test-slow`.
 """
 
 from __future__ import annotations
@@ -119,7 +120,11 @@ def test_every_skip_says_why(document):
     snippets((ROOT / document).read_text(encoding="utf-8"))  # raises on a 'not run' marker without a reason
 
 
-@pytest.mark.parametrize("document", DOCUMENTS)
+# the README's snippets run in `make test`; the guides' (several minutes together) in `make test-slow`
+RUN_CASES = [pytest.param(d, marks=() if d == "README.md" else pytest.mark.slow) for d in DOCUMENTS]
+
+
+@pytest.mark.parametrize("document", RUN_CASES)
 def test_document_snippets_run(document, tmp_path, cache_dir):
     runs, _ = snippets((ROOT / document).read_text(encoding="utf-8"))
     if not runs:
