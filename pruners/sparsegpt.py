@@ -16,21 +16,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from sparta_explore.errors import ConfigError
 from sparta_explore.oneshot import (
-    InputHessian,
     OBSResult,
     QuantSpec,
-    calibrate_sequentially,
     calibration_samples,
     find_blocks,
     hessian_dtype,
     obs_compress,
+    obs_sequentially,
     select_linears,
-    set_weight_matrix,
-    weight_matrix,
 )
 from sparta_explore.pruners.oneshot_config import OneShotPruneConfig, oneshot_prune_configs
 from sparta_explore.pruners.owl import layer_sparsities
@@ -50,7 +48,7 @@ class SparseGPTConfig(OneShotPruneConfig):
 
     Example:
         >>> SparseGPTConfig(0.5, bits=4, group_size=32).quant
-        QuantSpec(bits=4, group_size=32, sym=False)
+        QuantSpec(bits=4, group_size=32, sym=False, mse=False)
         >>> SparseGPTConfig(0.5, bits=9)
         Traceback (most recent call last):
         ...
@@ -62,6 +60,7 @@ class SparseGPTConfig(OneShotPruneConfig):
     bits: int | None = None
     group_size: int | None = None
     sym: bool = False
+    mse: bool = False
     hessian_dtype: str = "float32"
 
     def __post_init__(self) -> None:
@@ -73,13 +72,13 @@ class SparseGPTConfig(OneShotPruneConfig):
         if self.bits is None and self.group_size is not None:
             raise ConfigError("group_size is the quantization grid's; give bits too")
         if self.bits is not None:
-            QuantSpec(self.bits, self.group_size, self.sym)  # checks bits and group_size
+            QuantSpec(self.bits, self.group_size, self.sym, self.mse)  # checks bits and group_size
         hessian_dtype(self.hessian_dtype)
 
     @property
     def quant(self) -> QuantSpec | None:
         """The joint quantization, None when `bits` is None."""
-        return None if self.bits is None else QuantSpec(self.bits, self.group_size, self.sym)
+        return None if self.bits is None else QuantSpec(self.bits, self.group_size, self.sym, self.mse)
 
 
 def sparsegpt_prune(model: nn.Module, config: SparseGPTConfig, calibration: Any) -> dict[str, OBSResult]:
@@ -97,29 +96,17 @@ def sparsegpt_prune(model: nn.Module, config: SparseGPTConfig, calibration: Any)
     layers = select_linears(model, [b for b, _ in find_blocks(model)], config.op_names, config.exclude_op_names)
     check_pattern_fits(layers, config.nm)
     quant = config.quant
-    if quant is not None:
-        for name, layer in layers.items():
-            quant.check_fits(weight_matrix(layer).shape[1], name)
     sparsities = layer_sparsities(config, model, samples, layers)
-    dtype = hessian_dtype(config.hessian_dtype)
-    results: dict[str, OBSResult] = {}
 
-    def prune_block(index: int, own: dict[str, nn.Module], stats: dict[str, InputHessian]) -> None:
-        for name, layer in own.items():
-            result = obs_compress(weight_matrix(layer), stats[name].hessian, sparsity=sparsities[name],
-                                  nm=config.nm, quant=quant, damp=config.damp, blocksize=config.blocksize, name=name)
-            set_weight_matrix(layer, result.weight)
-            results[name] = result
+    def sweep(name: str, weight: torch.Tensor, hessian: torch.Tensor) -> OBSResult:
+        return obs_compress(weight, hessian, sparsity=sparsities[name], nm=config.nm, quant=quant, damp=config.damp,
+                            blocksize=config.blocksize, name=name)
 
-    def statistic(name: str, layer: nn.Module) -> InputHessian:
-        return InputHessian(weight_matrix(layer).shape[1], dtype, device=layer.weight.device)
-
-    calibrate_sequentially(model, samples, layers, statistic, prune_block, desc="sparsegpt")
-    return results
+    return obs_sequentially(model, samples, layers, sweep, dtype=hessian_dtype(config.hessian_dtype), desc="sparsegpt")
 
 
 def sparsegpt_bits(config: SparseGPTConfig, results: dict[str, OBSResult]) -> dict[str, dict[str, Any]]:
-    """The QuantBits of a jointly quantized run ({module: {"weight": (bits, format)}}), for `bits_to_table`.
+    """The QuantBits of a jointly quantized run ({module: {"weight": (bits, format, group)}}), for `bits_to_table`.
 
     Example:
         >>> sparsegpt_bits(SparseGPTConfig(0.5), {})
@@ -128,7 +115,7 @@ def sparsegpt_bits(config: SparseGPTConfig, results: dict[str, OBSResult]) -> di
     if config.bits is None:
         return {}
     fmt = NumberFormat.INT if config.sym else NumberFormat.UINT
-    return {name: {"weight": (config.bits, fmt)} for name in results}
+    return {name: {"weight": (config.bits, fmt, r.grid.group_size)} for name, r in results.items()}
 
 
 def sparsegpt_configs(request: PruneRequest, model: nn.Module) -> list[SparseGPTConfig]:

@@ -62,7 +62,7 @@ def tensor_bits(tesa: TeSA | None) -> int:
         >>> tensor_bits(TeSA(torch.tensor([0, 4, 8]))), tensor_bits(None)
         (8, 32)
     """
-    if tesa is None:
+    if tesa is None or tesa.group:  # per-group grids: the weight holds its de-quantized values, run as they are
         return MAX_BITS
     return max(tesa.kept_bits(), default=MAX_BITS)
 

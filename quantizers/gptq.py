@@ -23,19 +23,15 @@ from torch import nn
 
 from sparta_explore.errors import ConfigError
 from sparta_explore.oneshot import (
-    InputHessian,
     OBSResult,
     QuantSpec,
-    calibrate_sequentially,
     calibration_samples,
     find_blocks,
     hessian_dtype,
-    is_linear,
     linears_in_blocks,
     obs_compress,
+    obs_sequentially,
     select_linears,
-    set_weight_matrix,
-    weight_matrix,
 )
 from sparta_explore.quantizers.registry import QuantBits, QuantRequest, register_quantizer
 from sparta_explore.tesa import NumberFormat
@@ -64,6 +60,7 @@ class GPTQConfig:
     bits: int = 4
     group_size: int | None = 128
     sym: bool = False
+    mse: bool = False
     act_order: bool = False
     damp: float = 0.01
     blocksize: int = 128
@@ -74,7 +71,7 @@ class GPTQConfig:
     exclude_op_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        QuantSpec(self.bits, self.group_size, self.sym)  # checks bits and group_size
+        QuantSpec(self.bits, self.group_size, self.sym, self.mse)  # checks bits and group_size
         if not self.damp >= 0:
             raise ConfigError(f"damp must be >= 0, got {self.damp!r}")
         if not isinstance(self.blocksize, int) or self.blocksize < 1:
@@ -90,7 +87,7 @@ class GPTQConfig:
     @property
     def quant(self) -> QuantSpec:
         """The grid spec: bits, group size, symmetry."""
-        return QuantSpec(self.bits, self.group_size, self.sym)
+        return QuantSpec(self.bits, self.group_size, self.sym, self.mse)
 
     @property
     def number_format(self) -> NumberFormat:
@@ -123,30 +120,19 @@ def gptq_quantize(model: nn.Module, config: GPTQConfig, calibration: Any) -> dic
     """
     samples = calibration_samples(calibration, config.samples)
     layers = select_linears(model, [b for b, _ in find_blocks(model)], config.op_names, config.exclude_op_names)
-    for name, layer in layers.items():
-        config.quant.check_fits(weight_matrix(layer).shape[1], name)
-    dtype = hessian_dtype(config.hessian_dtype)
-    results: dict[str, GPTQResult] = {}
 
-    def quantize_block(index: int, own: dict[str, nn.Module], stats: dict[str, InputHessian]) -> None:
-        for name, layer in own.items():
-            result = gptq_quantize_layer(weight_matrix(layer), stats[name].hessian, config, name)
-            set_weight_matrix(layer, result.weight)
-            results[name] = result
+    def sweep(name: str, weight: torch.Tensor, hessian: torch.Tensor) -> GPTQResult:
+        return gptq_quantize_layer(weight, hessian, config, name)
 
-    def statistic(name: str, layer: nn.Module) -> InputHessian:
-        return InputHessian(weight_matrix(layer).shape[1], dtype, device=layer.weight.device)
-
-    calibrate_sequentially(model, samples, layers, statistic, quantize_block, desc="gptq")
-    return results
+    return obs_sequentially(model, samples, layers, sweep, dtype=hessian_dtype(config.hessian_dtype), desc="gptq")
 
 
 def gptq_configs(request: QuantRequest, model: nn.Module) -> list[GPTQConfig]:
-    """A GPTQ config for a trial: weight-only at `request.bits`, the largest of 128 / 64 / 32 dividing every width.
+    """A GPTQ config for a trial: weight-only at `request.bits`, groups of 128 (a shorter last one), act order.
 
     Example:
         >>> gptq_configs(QuantRequest(4, ("0",), act_bits=32), nn.Sequential(nn.Linear(64, 8)))[0].group_size
-        64
+        128
     """
     if request.quantizes_inputs:
         raise ConfigError(f"gptq quantizes weights only; ask for float inputs (act_bits=32), not "
@@ -155,15 +141,16 @@ def gptq_configs(request: QuantRequest, model: nn.Module) -> list[GPTQConfig]:
     names = tuple(n for n in request.layers if n in reachable) if reachable else request.layers
     if not names:
         return []
-    modules = dict(model.named_modules())
-    widths = [weight_matrix(modules[n]).shape[1] for n in names if n in modules and is_linear(modules[n])]
-    group = next((g for g in (128, 64, 32) if all(w % g == 0 for w in widths)), None)
-    return [GPTQConfig(bits=request.bits, group_size=group, samples=None, op_names=names)]
+    return [GPTQConfig(bits=request.bits, group_size=128, act_order=True, samples=None, op_names=names)]
 
 
 @register_quantizer("gptq", config_type=GPTQConfig, needs_evaluator=True, from_request=gptq_configs)
 def gptq_bits(model: nn.Module, config: GPTQConfig, evaluator: Any) -> QuantBits:
-    """Quantize `model`'s weights in place with GPTQ; their bits ({module: {"weight": (bits, format)}}).
+    """Quantize `model`'s weights in place with GPTQ; their bits ({module: {"weight": (bits, format, group)}}).
+
+    `group` is the grid's run of input columns (the layer's width for one grid per row): the
+    table's TeSAs carry it (`TeSA.group`), so the plan and the compile's reference take the
+    weights as the de-quantized values GPTQ wrote, never re-rounded onto a per-row grid.
 
     `evaluator` is the calibration set (token ids `(n, seq)`, input dicts, a workload).
 
@@ -171,4 +158,4 @@ def gptq_bits(model: nn.Module, config: GPTQConfig, evaluator: Any) -> QuantBits
         >>> table = quantize(llama, GPTQConfig(bits=4, group_size=128), "gptq", evaluator=calib_ids)  # doctest: +SKIP
     """
     results = gptq_quantize(model, config, evaluator)
-    return {name: {"weight": (config.bits, config.number_format)} for name in results}
+    return {name: {"weight": (config.bits, config.number_format, r.grid.group_size)} for name, r in results.items()}

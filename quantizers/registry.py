@@ -21,7 +21,8 @@ from sparta_explore.registry import Registry
 from sparta_explore.tesa import NumberFormat, TeSA
 from sparta_explore.tesa_table import TeSATable
 
-QuantBits = dict[str, dict[str, tuple[int, NumberFormat]]]
+# {module: {target: (bits, format)}}; a weight may add its grid size: (bits, format, group), see bits_to_table
+QuantBits = dict[str, dict[str, tuple[int, NumberFormat] | tuple[int, NumberFormat, int]]]
 
 
 @dataclass(frozen=True)
@@ -124,18 +125,22 @@ def bits_to_table(source: Graph | nn.Module, bits: Mapping[str, Mapping[str, tup
 
     Example:
         >>> bits_to_table(graph, {"fc1": {"weight": (8, NumberFormat.INT)}})  # doctest: +SKIP
+
+    A weight's entry may name its grid size as a third item, `(bits, format, group)`: one grid
+    per `group` consecutive input columns (`TeSA.group`), as GPTQ's are.
     """
     graph = source if isinstance(source, Graph) else None
     model = graph.root if graph is not None else source
     params = dict(model.named_parameters(remove_duplicate=False))
     table = parameter_table(source)
     for module, targets in bits.items():
-        for target, (nbits, fmt) in targets.items():
+        for target, (nbits, fmt, *group) in targets.items():
             if not target.startswith("_"):
                 name = f"{module}.{target}"
                 if name not in params:
                     raise ConfigError(f"quantized target {name!r} is not a parameter of {type(model).__name__}")
-                table[name] = table[name].merge(TeSA.dense(params[name].shape, bits=nbits, fmt=fmt))
+                tesa = TeSA.dense(params[name].shape, bits=nbits, fmt=fmt).with_group(group[0] if group else 0)
+                table[name] = table[name].merge(tesa)
                 continue
             if graph is None:
                 raise ConfigError(f"quantizing {target!r} of {module!r} needs the captured graph to name the "

@@ -8,6 +8,11 @@ meaning kept at that many bits, and a number format (float, int, uint, bfloat).
 minimum of the pair (bits, format rank), with pruned elements normalised to one format, so
 it is commutative, associative and idempotent; that is why propagation terminates.
 
+`group`: how kept elements share an integer grid. 0: one scale per row (per output row of a
+weight, per token of an activation), as the int8 kernels compute; g > 0: a grid per run of g
+elements along the last dim, as GPTQ emits (the tensor holds the de-quantized values). Its
+meet is the gcd (0 is the identity); ops that keep the values (prune, select) keep it.
+
 Storage: one uint8 per element, ``key = bits * 4 + format rank`` (at most 131), so the
 meet is a single elementwise `torch.minimum` and pruned is ``key == 0``. A key constant
 along some dims (every sample and token alike) is kept as a stride-0 broadcast of its core
@@ -16,6 +21,7 @@ along some dims (every sample and token alike) is kept as a stride-0 broadcast o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from enum import IntEnum
 
@@ -24,6 +30,7 @@ import torch
 
 from sparta_explore.compact import any_true, byte_counts, core, count_true, equal, keep_where, negate, spread
 from sparta_explore.errors import TeSABitsError, TeSAShapeError
+from sparta_explore.tesa_blocks import kept_block_mask
 
 MAX_BITS = 32
 
@@ -84,7 +91,7 @@ class TeSA:
         {0: 1, 4: 3}
     """
 
-    __slots__ = ("_key", "_counts")  # `_counts`: the key histogram, computed once (a TeSA never changes)
+    __slots__ = ("_key", "_counts", "_group")  # `_counts`: the key histogram, computed once (a TeSA never changes)
     __hash__ = None  # mutable tensors inside; equality is by value
 
     def __init__(self, bits: torch.Tensor, fmt: torch.Tensor | NumberFormat | str = NumberFormat.FLOAT,
@@ -119,11 +126,29 @@ class TeSA:
         self._key = key.masked_fill_(bits == 0, 0)
 
     @classmethod
-    def _from_key(cls, key: torch.Tensor) -> TeSA:
+    def _from_key(cls, key: torch.Tensor, group: int = 0) -> TeSA:
         """Wrap an already valid key tensor (internal fast path: no checks, no copy)."""
         out = cls.__new__(cls)
         out._key = key
+        if group:  # unset (read as 0) on most TeSAs
+            out._group = group
         return out
+
+    @property
+    def group(self) -> int:
+        """Elements per grid along the last dim (0: one grid per row). See the module docstring."""
+        return getattr(self, "_group", 0)
+
+    def with_group(self, group: int) -> TeSA:
+        """A copy whose kept elements sit on grids of `group` consecutive elements (0: per row).
+
+        Example:
+            >>> TeSA.dense((2, 256), bits=4, fmt="uint").with_group(128).group
+            128
+        """
+        if not isinstance(group, int) or isinstance(group, bool) or group < 0:
+            raise TeSABitsError(f"TeSA.with_group: group must be an int >= 0, got {group!r}")
+        return TeSA._from_key(self._key, group)
 
     # ---- constructors -------------------------------------------------------------
     @classmethod
@@ -243,35 +268,14 @@ class TeSA:
 
     # ---- blocks ------------------------------------------------------------------
     def block_mask(self, block: Sequence[int]) -> torch.Tensor:
-        """bool tensor over the block grid: True where the block holds a kept element.
-
-        `block` applies to the trailing dims (leading dims are independent rows of
-        blocks); ragged edges form smaller blocks.
+        """bool tensor over the block grid of the trailing dims: True where a block holds a kept element.
 
         Example:
             >>> TeSA.from_mask(torch.eye(4)).block_mask((2, 2))
             tensor([[ True, False],
                     [False,  True]])
         """
-        block = tuple(int(b) for b in block)
-        nd = len(block)
-        if nd == 0 or nd > self._key.dim() or any(b < 1 for b in block):
-            raise TeSAShapeError(
-                f"block {block} does not fit a TeSA of shape {self.shape}: need 1..{self._key.dim()} "
-                "positive sizes for the trailing dims")
-        kept = self.kept
-        lead, tail = kept.shape[: kept.dim() - nd], kept.shape[kept.dim() - nd:]
-        grid = tuple(-(-s // b) for s, b in zip(tail, block))
-        pad = []
-        for s, b, g in reversed(list(zip(tail, block, grid))):
-            pad += [0, g * b - s]
-        padded = torch.nn.functional.pad(kept.to(torch.uint8), pad) if any(pad) else kept.to(torch.uint8)
-        split = list(lead)
-        for g, b in zip(grid, block):
-            split += [g, b]
-        view = padded.reshape(split)
-        block_dims = tuple(len(lead) + 2 * i + 1 for i in range(nd))
-        return view.amax(dim=block_dims).bool() if view.numel() else torch.zeros(lead + grid, dtype=torch.bool)
+        return kept_block_mask(self.kept, block, self.shape)
 
     def block_density(self, block: Sequence[int]) -> float:
         """Fraction of blocks of shape `block` that hold at least one kept element.
@@ -297,7 +301,9 @@ class TeSA:
             raise TypeError(f"TeSA.merge needs a TeSA, got {type(other).__name__}")
         try:
             small = torch.minimum(core(self._key), core(other._key))
-            return TeSA._from_key(spread(small, torch.broadcast_shapes(self._key.shape, other._key.shape)))
+            shape = torch.broadcast_shapes(self._key.shape, other._key.shape)
+            # the finer grid wins: a run of gcd(a, b) elements lies inside one grid of each
+            return TeSA._from_key(spread(small, shape), math.gcd(self.group, other.group))
         except RuntimeError:
             raise TeSAShapeError(f"cannot merge TeSAs of shapes {self.shape} and {other.shape}") from None
 
@@ -307,7 +313,7 @@ class TeSA:
             mask = mask.cpu()
             if torch.broadcast_shapes(self._key.shape, mask.shape) != self._key.shape:
                 raise RuntimeError("mask larger than the TeSA")
-            return TeSA._from_key(keep_where(self._key, negate(mask.bool())))
+            return TeSA._from_key(keep_where(self._key, negate(mask.bool())), self.group)
         except RuntimeError:
             raise TeSAShapeError(f"prune mask of shape {tuple(mask.shape)} does not fit TeSA {self.shape}") from None
 
@@ -321,14 +327,14 @@ class TeSA:
         _check_bits(bits, "TeSA.with_bits")
         c = core(self._key)
         if not bits:
-            return TeSA._from_key(spread(torch.zeros_like(c), self._key.shape))
+            return TeSA._from_key(spread(torch.zeros_like(c), self._key.shape), self.group)
         key = (c & 3) + bits * 4 if fmt is None else torch.full_like(c, bits * 4 + int(NumberFormat.parse(fmt)))
-        return TeSA._from_key(spread(key.mul_(c.bool().view(torch.uint8)), self._key.shape))  # 0 where pruned
+        return TeSA._from_key(spread(key.mul_(c.bool().view(torch.uint8)), self._key.shape), self.group)  # 0: pruned
 
     def expand(self, shape: Sequence[int]) -> TeSA:
         """Broadcast size-1 dims to `shape` (for activations kept at batch size 1)."""
         try:
-            return TeSA._from_key(self._key.expand(tuple(shape)))
+            return TeSA._from_key(self._key.expand(tuple(shape)), self.group)
         except RuntimeError:
             raise TeSAShapeError(f"TeSA of shape {self.shape} cannot broadcast to {tuple(shape)}") from None
 
@@ -352,7 +358,7 @@ class TeSA:
             small = c.index_select(0, index)
         else:  # NumPy gathers bytes along an inner dim 4x faster than torch's index_select (BERT 3072 x 768: 1.2 ms)
             small = torch.from_numpy(np.take(c.numpy(), index.numpy(), axis=dim))
-        return TeSA._from_key(spread(small, shape))
+        return TeSA._from_key(spread(small, shape), self.group)
 
     def channels_kept(self, dim: int) -> torch.Tensor:
         """Bool per index of `dim`: whether any element there is kept.
@@ -381,8 +387,9 @@ class TeSA:
 
     # ---- comparison and display ----------------------------------------------------
     def equals(self, other: TeSA) -> bool:
-        """Same shape, same bits and formats everywhere."""
-        return isinstance(other, TeSA) and self.shape == other.shape and equal(self._key, other._key)
+        """Same shape, same bits and formats everywhere, same grid groups."""
+        return (isinstance(other, TeSA) and self.shape == other.shape and self.group == other.group
+                and equal(self._key, other._key))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, TeSA) and self.equals(other)
@@ -390,4 +397,4 @@ class TeSA:
     def __repr__(self) -> str:
         fmts = "/".join(sorted(f.name.lower() for f in self.formats())) or "-"
         return (f"TeSA(shape={self.shape}, sparsity={self.sparsity:.3f}, "
-                f"bits={self.kept_bits() or [0]}, fmt={fmts})")
+                f"bits={self.kept_bits() or [0]}, fmt={fmts}" + (f", group={self.group})" if self.group else ")"))

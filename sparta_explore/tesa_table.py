@@ -188,7 +188,8 @@ class TeSATable(MutableMapping[str, TeSA]):
         """
         names = list(self._entries)
         header = {"format": FILE_FORMAT, "version": FILE_VERSION, "names": names,
-                  "shapes": None if self._shapes is None else {k: list(v) for k, v in self._shapes.items()}}
+                  "shapes": None if self._shapes is None else {k: list(v) for k, v in self._shapes.items()},
+                  "groups": {n: t.group for n, t in self._entries.items() if t.group}}
         arrays = {"header": np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)}
         for i, name in enumerate(names):
             arrays[f"bits_{i}"] = self._entries[name].bits.numpy()
@@ -275,6 +276,9 @@ def _read_npz(path: Path | IO[bytes]) -> tuple[dict, dict[str, TeSA]]:
         if shapes is not None and not (isinstance(shapes, dict) and all(
                 isinstance(v, list) and all(isinstance(d, int) and d >= 0 for d in v) for v in shapes.values())):
             raise _NotATable("the header's 'shapes' is not a map of name -> list of sizes")
+        groups = header.get("groups", {})  # absent in tables written before grids were a TeSA fact
+        if not (isinstance(groups, dict) and all(isinstance(g, int) and g > 0 for g in groups.values())):
+            raise _NotATable("the header's 'groups' is not a map of name -> positive grid size")
         entries = {}
         for i, name in enumerate(names):
             missing = [k for k in (f"bits_{i}", f"fmt_{i}") if k not in data.files]
@@ -284,7 +288,8 @@ def _read_npz(path: Path | IO[bytes]) -> tuple[dict, dict[str, TeSA]]:
             if bits.dtype != np.uint8 or fmt.dtype != np.uint8:
                 raise _NotATable(f"tensor {name!r} is stored as {bits.dtype}/{fmt.dtype}, expected uint8")
             try:
-                entries[name] = TeSA(torch.from_numpy(bits.copy()), torch.from_numpy(fmt.copy()), name=name)
+                tesa = TeSA(torch.from_numpy(bits.copy()), torch.from_numpy(fmt.copy()), name=name)
+                entries[name] = tesa.with_group(groups[name]) if name in groups else tesa
             except (TeSABitsError, TeSAShapeError) as e:
                 raise _NotATable(str(e)) from None
     return header, entries

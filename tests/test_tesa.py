@@ -200,3 +200,18 @@ def test_select_equals_indexing_the_key_on_any_layout(dim, core_shape):
     assert torch.equal(got.bits, bits.index_select(dim, index))
     assert torch.equal(got.fmt, tesa.fmt.index_select(dim, index))
     assert got.shape[dim % 3] == 3
+
+
+def test_grid_groups_meet_at_their_gcd_and_survive_what_keeps_the_values():
+    a = TeSA.dense((2, 12), bits=4, fmt="uint").with_group(4)
+    assert a.merge(TeSA.dense((2, 12), bits=4, fmt="uint").with_group(6)).group == 2
+    assert a.merge(TeSA.from_mask(torch.ones(2, 12))).group == 4  # 0, no grid said, is the identity
+    assert a.merge(a).group == 4 and TeSA.dense((2, 12)).merge(a).group == 4
+    mask = torch.zeros(2, 12, dtype=torch.bool)
+    mask[0, 0] = True
+    assert a.prune(mask).group == 4 and a.expand((2, 12)).group == 4 and a.with_bits(8).group == 4
+    assert a.select(0, torch.tensor([1])).group == 4
+    assert not a.equals(a.with_group(0)) and a.equals(a.with_group(4))
+    assert "group=4" in repr(a) and pickle.loads(pickle.dumps(a)).group == 4
+    with pytest.raises(TeSABitsError, match="group must be an int >= 0"):
+        a.with_group(-1)

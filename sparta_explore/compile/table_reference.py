@@ -66,12 +66,16 @@ def split_unread(graph: Graph, module: fx.GraphModule, table: Mapping[str, TeSA]
 
 def weight_grid(tesa: TeSA) -> int | None:
     """The integer grid a weight with this TeSA is put on in the reference (its widest kept bits, at least
-    `MIN_GRID_BITS`), or None: kept in float.
+    `MIN_GRID_BITS`), or None: kept as it is (float, or already on its compressor's per-group grids).
 
     Example:
         >>> weight_grid(TeSA.dense((2, 2), bits=8)), weight_grid(TeSA.dense((2, 2)))
         (8, None)
+        >>> weight_grid(TeSA.dense((2, 128), bits=4, fmt="uint").with_group(64)) is None
+        True
     """
+    if tesa.group:  # the values are the compressor's, on its grids; the plan runs them as they are
+        return None
     kept = tesa.kept_bits()
     top = max(kept) if kept else 32
     top = max(top, MIN_GRID_BITS)

@@ -25,10 +25,12 @@ from sparta_explore.oneshot.blocks import (
     capture_block_inputs,
     find_blocks,
     inside,
+    set_weight_matrix,
     weight_matrix,
 )
 from sparta_explore.oneshot.calibration import CalibrationSample
-from sparta_explore.oneshot.statistics import InputStatistic
+from sparta_explore.oneshot.obs import OBSResult
+from sparta_explore.oneshot.statistics import InputHessian, InputStatistic
 
 # compress(block index, {FQN: linear} of this block, {FQN: statistic}) -> an undo run once the
 # block's outputs are computed (Wanda zeroes weights only while the next block is fed), or None
@@ -113,3 +115,30 @@ def statistic_columns(layer: nn.Module) -> int:
         5
     """
     return weight_matrix(layer).shape[1]
+
+
+def obs_sequentially(model: nn.Module, samples: Sequence[CalibrationSample], layers: Mapping[str, nn.Module],
+                     sweep: Callable[[str, torch.Tensor, torch.Tensor], OBSResult], *, dtype: torch.dtype,
+                     desc: str) -> dict[str, OBSResult]:
+    """`calibrate_sequentially` with input Hessians: each layer's weight replaced by `sweep(name, W, H)`'s.
+
+    SparseGPT and GPTQ differ only in the sweep (`obs_compress`'s arguments); per layer, its result.
+
+    Example:
+        >>> sweep = lambda name, w, h: obs_compress(w, h, sparsity=0.5, name=name)
+        >>> results = obs_sequentially(llama, samples, layers, sweep,  # doctest: +SKIP
+        ...                            dtype=torch.float32, desc="sparsegpt")
+    """
+    results: dict[str, OBSResult] = {}
+
+    def compress_block(index: int, own: dict[str, nn.Module], stats: dict[str, InputHessian]) -> None:
+        for name, layer in own.items():
+            result = sweep(name, weight_matrix(layer), stats[name].hessian)
+            set_weight_matrix(layer, result.weight)
+            results[name] = result
+
+    def statistic(name: str, layer: nn.Module) -> InputHessian:
+        return InputHessian(weight_matrix(layer).shape[1], dtype, device=layer.weight.device)
+
+    calibrate_sequentially(model, samples, layers, statistic, compress_block, desc=desc)
+    return results

@@ -81,6 +81,11 @@ def plan(graph: Graph, table: Mapping[str, TeSA], device: DeviceProfile | None =
         if tesa is None:
             continue
         act_bits = input_bits(graph, table, site)
+        notes = []
+        if tesa.group:  # no kernel reads per-group grids: the weight's values (on them already) run in fp32
+            notes.append(f"{max(tesa.kept_bits(), default=0)}-bit weights on grids of {tesa.group} run as their "
+                         "fp32 values (no per-group integer kernel)")
+            tesa = tesa.with_bits(FP32, "float")
         if tesa.sparsity == 0 and all(b >= FP32 for b in tesa.kept_bits()) and act_bits == FP32:
             continue  # nothing to exploit: the op stays as it is
         tesa.check_fits(graph.tensors[site.weight].shape, site.weight)
@@ -102,6 +107,6 @@ def plan(graph: Graph, table: Mapping[str, TeSA], device: DeviceProfile | None =
             shape=tuple(graph.tensors[site.weight].shape), m=info.m, density=count_true(kept) / max(1, kept.numel()),
             weight_bits=max(tesa.kept_bits(), default=0), act_bits=act_bits, activation=activation,
             activation_node=act_node, candidates=candidates, dense_predicted_ms=candidates[0].predicted_ms,
-            notes=[f"weights below {MIN_GRID_BITS} bits run on the {MIN_GRID_BITS}-bit grid"] if raised else [],
+            notes=notes + [f"weights below {MIN_GRID_BITS} bits run on the {MIN_GRID_BITS}-bit grid"] * raised,
             site=site)
     return ExecutionPlan(ops, device.key)

@@ -89,7 +89,7 @@ class _State:
         readers = self.relevance[name].values()
         tesa = self.base[name]
         if readers and all(r is not None for r in readers):
-            tesa = TeSA._from_key(keep_where(tesa._key, _union(list(readers))))
+            tesa = TeSA._from_key(keep_where(tesa._key, _union(list(readers))), tesa.group)
         elif not readers:
             tesa = TeSA.dense(tesa.shape, bits=0)  # nobody reads it
         changed = not equal(tesa._key, self.current[name]._key)
@@ -288,7 +288,7 @@ class _Engine:
         if isinstance(value, TeSA):
             new = base.merge(value.expand(base.shape) if value.shape != base.shape else value)
         else:
-            new = TeSA._from_key(keep_where(base._key, torch.broadcast_to(value, base.shape)))
+            new = TeSA._from_key(keep_where(base._key, torch.broadcast_to(value, base.shape)), base.group)
         if equal(new._key, base._key):
             return  # the op's forward fact is already known
         self.state.base[name] = new

@@ -72,9 +72,6 @@ def test_joint_quantization_keeps_the_mask_and_puts_kept_weights_on_grids(tiny_l
 
 def test_a_bad_config_fails_before_any_weight_changes(tiny_llama, calib_ids):
     model = tiny_llama()
-    with pytest.raises(ConfigError, match="group_size=48 does not divide the input width 64 of "
-                                          "'model.layers.0.self_attn.q_proj'"):
-        prune(model, SparseGPTConfig(0.5, bits=4, group_size=48, samples=4), pruner="sparsegpt", evaluator=calib_ids)
     with pytest.raises(ConfigError, match="m=6 to divide the input width 64"):
         prune(model, SparseGPTConfig(nm=(3, 6), samples=4), pruner="sparsegpt", evaluator=calib_ids)
     with pytest.raises(ConfigError, match="has 32 samples; the config asks for 33"):

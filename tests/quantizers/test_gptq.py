@@ -118,9 +118,6 @@ def test_quantizing_a_pruned_model_keeps_its_zeros_exactly():
 
 
 @pytest.mark.parametrize("config, message", [
-    (GPTQConfig(bits=4, group_size=48, samples=4), "group_size=48 does not divide the input width 64 of "
-                                                   "'model.layers.0.self_attn.q_proj'"),
-    (GPTQConfig(bits=4, samples=4), "group_size=128 does not divide the input width 64 of"),
     (GPTQConfig(samples=40, group_size=32), "has 32 samples; the config asks for 40"),
     (GPTQConfig(group_size=32, samples=4, op_names=("model.layers.5.mlp.up_proj",)),
      r"\['model.layers.5.mlp.up_proj'\] are not submodules"),
@@ -141,9 +138,9 @@ def test_config_values_are_checked_where_they_are_made():
         quantize(tiny_llama(), GPTQConfig(), "gptq")
 
 
-def test_a_trial_request_is_weight_only_with_a_group_size_that_fits():
+def test_a_trial_request_is_weight_only_in_groups_of_128_in_activation_order():
     entry = get_quantizer("gptq")
     (config,) = entry.configs_for(QuantRequest(4, (*LINEARS, "lm_head"), act_bits=32), tiny_llama())
-    assert config.group_size == 64 and config.op_names == tuple(LINEARS) and config.bits == 4
+    assert config.group_size == 128 and config.act_order and config.op_names == tuple(LINEARS) and config.bits == 4
     with pytest.raises(ConfigError, match="weights only"):
         entry.configs_for(QuantRequest(8, tuple(LINEARS)), tiny_llama())

@@ -174,12 +174,14 @@ def compress(setup: TrialSetup) -> Compressed:
 
     p, w = setup.params, setup.workload
     entry = get_pruner(p.pruner)
-    if entry.needs_evaluator and not w.can_train:
-        raise ConfigError(f"pruner {p.pruner!r} trains, and workload {w.name!r} has no train_batches / loss")
+    # the workload is the evaluator of compressors that train (train_batches) or calibrate (calibration_inputs)
+    evaluator = w if w.can_train or w.calibration_inputs is not None else None
+    if entry.needs_evaluator and evaluator is None:
+        raise ConfigError(f"pruner {p.pruner!r} trains or calibrates, and workload {w.name!r} has neither "
+                          "train_batches / loss nor calibration_inputs")
     model = w.fresh_model()  # pruners that train must not touch the dense model
     layers = w.prunable_modules(model)
     request = PruneRequest(p.sparsity, layers, p.layer_sparsity, p.block, p.scope)
-    evaluator = w if w.can_train else None
     table = None
     for config in entry.configs_for(request, model):
         part = prune(model, config, pruner=p.pruner, evaluator=evaluator, graph=setup.graph)
@@ -205,7 +207,7 @@ def _quantize(setup: TrialSetup, model: nn.Module, layers: tuple[str, ...], eval
     entry = get_quantizer(setup.params.quantizer)
     if entry.needs_evaluator and evaluator is None:
         raise ConfigError(f"quantizer {setup.params.quantizer!r} trains or calibrates, and workload "
-                          f"{setup.workload.name!r} has no train_batches / loss")
+                          f"{setup.workload.name!r} has neither train_batches / loss nor calibration_inputs")
     table = None
     for config in entry.configs_for(QuantRequest(setup.params.bits, layers, act_bits=setup.params.act_bits), model):
         part = quantize(model, config, quantizer=setup.params.quantizer, evaluator=evaluator, graph=setup.graph)

@@ -77,3 +77,18 @@ def test_calibrate_passes_through_when_not_asked(cache_dir, digits, device):
     tuned = finetune(setup, compressed)
     calibrated = calibrate(setup, compressed, tuned)
     assert calibrated.propagation is compressed.propagation and calibrated.model is tuned.model
+
+
+@pytest.mark.parametrize("params", [
+    {"pruner": "wanda", "sparsity": 0.5, "block": None},
+    {"pruner": "sparsegpt", "sparsity": 0.5, "block": None, "bits": 4, "act_bits": 32, "quantizer": "gptq"},
+])
+def test_calibration_based_compressors_take_the_workloads_calibration_windows(params, cache_dir):
+    pytest.importorskip("transformers")
+    setup = TrialSetup.start(TrialParams.from_dict({"workload": "smollm2-tiny", "finetune_epochs": 0, **params}),
+                             cache_dir=cache_dir)
+    compressed = compress(setup)
+    name = "model.layers.0.mlp.up_proj.weight"
+    assert compressed.table[name].sparsity == pytest.approx(0.5)
+    if "bits" in params:
+        assert (compressed.table[name].kept_bits(), compressed.table[name].group) == ([4], 128)
