@@ -9,25 +9,12 @@ from sparta_explore.pruners import SparseGPTConfig, prune
 from sparta_explore.quantizers import GPTQConfig, QuantRequest, get_quantizer, gptq_quantize, quantize
 from sparta_explore.tesa import NumberFormat
 
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 LINEARS = [f"model.layers.{b}.{m}" for b in (0, 1) for m in (
     "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
     "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
-
-
-def tiny_llama() -> torch.nn.Module:
-    """The same random 2-block Llama on every call, with a few outlier input channels."""
-    state = torch.random.get_rng_state()
-    torch.manual_seed(1234)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=64, use_cache=False)).eval()
-    torch.random.set_rng_state(state)
-    with torch.no_grad():
-        model.model.embed_tokens.weight[:, [3, 21, 38, 57]] *= 20
-    return model
 
 
 CALIB = torch.randint(0, 256, (32, 32), generator=torch.Generator().manual_seed(1))
@@ -49,7 +36,7 @@ def _assert_on_grids(weight, grid, bits):
 
 
 @pytest.mark.parametrize("sym, fmt", [(False, NumberFormat.UINT), (True, NumberFormat.INT)])
-def test_weights_lie_on_their_group_grids_and_the_table_says_the_bits(sym, fmt):
+def test_weights_lie_on_their_group_grids_and_the_table_says_the_bits(sym, fmt, tiny_llama):
     model = tiny_llama()
     table = quantize(model, GPTQConfig(bits=4, group_size=32, sym=sym, samples=16), "gptq", evaluator=CALIB)
     for name in LINEARS:
@@ -67,7 +54,7 @@ def test_weights_lie_on_their_group_grids_and_the_table_says_the_bits(sym, fmt):
 
 
 @pytest.mark.parametrize("group_size", [None, 64])
-def test_act_order_keeps_groups_contiguous_in_the_original_column_order(group_size):
+def test_act_order_keeps_groups_contiguous_in_the_original_column_order(group_size, tiny_llama):
     config = GPTQConfig(bits=3, group_size=group_size, act_order=True, samples=16)
     model = tiny_llama()
     results = gptq_quantize(model, config, CALIB)
@@ -90,7 +77,7 @@ def _round_to_nearest(model, bits, group_size):
     return model
 
 
-def test_gptq_beats_round_to_nearest_on_the_same_grid_and_8_bits_is_nearly_exact():
+def test_gptq_beats_round_to_nearest_on_the_same_grid_and_8_bits_is_nearly_exact(tiny_llama):
     dense = tiny_llama()
     gptq = tiny_llama()
     quantize(gptq, GPTQConfig(bits=4, group_size=32, samples=32), "gptq", evaluator=CALIB)
@@ -101,7 +88,7 @@ def test_gptq_beats_round_to_nearest_on_the_same_grid_and_8_bits_is_nearly_exact
     assert _error(eight, dense) < 1e-5
 
 
-def test_quantizing_a_pruned_model_keeps_its_zeros_exactly():
+def test_quantizing_a_pruned_model_keeps_its_zeros_exactly(tiny_llama):
     model = tiny_llama()
     pruned_table = prune(model, SparseGPTConfig(0.5, samples=16), pruner="sparsegpt", evaluator=CALIB)
     zeros = {name: model.get_submodule(name).weight == 0 for name in LINEARS}
@@ -122,14 +109,14 @@ def test_quantizing_a_pruned_model_keeps_its_zeros_exactly():
     (GPTQConfig(group_size=32, samples=4, op_names=("model.layers.5.mlp.up_proj",)),
      r"\['model.layers.5.mlp.up_proj'\] are not submodules"),
 ])
-def test_bad_configs_fail_naming_the_culprit_before_any_weight_changes(config, message):
+def test_bad_configs_fail_naming_the_culprit_before_any_weight_changes(config, message, tiny_llama):
     model = tiny_llama()
     with pytest.raises(ConfigError, match=message):
         quantize(model, config, "gptq", evaluator=CALIB)
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), tiny_llama().parameters()))
 
 
-def test_config_values_are_checked_where_they_are_made():
+def test_config_values_are_checked_where_they_are_made(tiny_llama):
     for kwargs in ({"bits": 1}, {"bits": 9}, {"bits": True}, {"group_size": 0}, {"group_size": -32},
                    {"damp": -0.1}, {"samples": 0}, {"hessian_dtype": "half"}):
         with pytest.raises(ConfigError):
@@ -138,7 +125,7 @@ def test_config_values_are_checked_where_they_are_made():
         quantize(tiny_llama(), GPTQConfig(), "gptq")
 
 
-def test_a_trial_request_is_weight_only_in_groups_of_128_in_activation_order():
+def test_a_trial_request_is_weight_only_in_groups_of_128_in_activation_order(tiny_llama):
     entry = get_quantizer("gptq")
     (config,) = entry.configs_for(QuantRequest(4, (*LINEARS, "lm_head"), act_bits=32), tiny_llama())
     assert config.group_size == 128 and config.act_order and config.op_names == tuple(LINEARS) and config.bits == 4
