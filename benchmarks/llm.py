@@ -7,7 +7,8 @@ lm_head stay dense. Rows: dense; magnitude 50% (the |W| top half of each output 
 calibration); Wanda 50% and 2:4; SparseGPT 50% and 2:4 (weights re-solved in place); GPTQ
 8-bit and 4-bit, asymmetric grids of 128 input columns (the last of the hidden width 576 has 64), in
 activation order, each grid's range searched for the least error (`mse`), weights replaced by their
-de-quantized values; SparseGPT 50% then GPTQ 4-bit g128 on the kept weights (mask kept). Calibration: the first `--calib-windows` (32) windows of 512 tokens of the calibration split.
+de-quantized values; SparseGPT 50% then GPTQ 4-bit g128 on the kept weights (mask kept).
+Calibration: the first `--calib-windows` (32) windows of 512 tokens of the calibration split.
 
 llama.cpp (`--peer-python`, the venv .venv-llm-peer; `llm_peer.py` drives `llm_llamacpp_worker.py`): the
 same GGUF re-quantized to each of `--peer-types` (F16 ... Q2_K; no importance matrix), given the very
