@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from peers_client import error_line  # this script's folder is on sys.path, as for every benchmark
+from peers_client import error_line, read_line  # this script's folder is on sys.path, as for every benchmark
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "llm_llamacpp_worker.py"
@@ -152,16 +151,7 @@ class LlamaCppPeer:
 
     def _line(self, deadline: float) -> bytes | None:
         assert self.proc is not None and self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise TimeoutError
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                return None
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
+        line, self._buffer = read_line(self.proc.stdout.fileno(), self._buffer, deadline)
         return line
 
     def _stopped(self, why: str | None) -> dict[str, Any]:

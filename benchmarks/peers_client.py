@@ -80,16 +80,7 @@ class PeerServer:
 
     def _line(self, deadline: float) -> bytes | None:
         assert self.proc is not None and self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise TimeoutError
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                return None
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
+        line, self._buffer = read_line(self.proc.stdout.fileno(), self._buffer, deadline)
         return line
 
     def ask(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -194,3 +185,25 @@ def take_turns(ours: Callable[[], Any], ours_call_s: float, peer: PeerServer, pe
         turns.peer += reply["times"]
         turns.ratios.append(statistics.median(reply["times"]) / statistics.median(mine))
     return turns
+
+
+def read_line(fd: int, buffer: bytes, deadline: float) -> tuple[bytes | None, bytes]:
+    """(the next line a worker wrote to `fd`, without its newline, or None at end of file; what is left buffered).
+
+    A `TimeoutError` once `deadline` (time.monotonic) passes with no whole line.
+
+    Example:
+        >>> r, w = os.pipe(); _ = os.write(w, b"a\\nb")
+        >>> read_line(r, b"", time.monotonic() + 5)
+        (b'a', b'b')
+    """
+    while b"\n" not in buffer:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise TimeoutError
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return None, buffer
+        buffer += chunk
+    line, buffer = buffer.split(b"\n", 1)
+    return line, buffer
