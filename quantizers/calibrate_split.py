@@ -38,6 +38,7 @@ import torch
 from sparta_explore.errors import ConfigError
 from sparta_explore.graph import Graph
 from sparta_explore.metrics import top1_accuracy
+from sparta_explore.quality import quality
 from sparta_explore.quantizers.calibrate import CalibrationResult, EvalFn, calibrate
 from sparta_explore.quantizers.calibrate_config import CalibrationConfig
 from sparta_explore.task import Task
@@ -164,6 +165,8 @@ def calibrate_workload(model: torch.nn.Module, table: Mapping[str, TeSA] | None,
 
     The workload's reported metric (its held-out data) never steers calibration; a workload
     without a `validation_metric` cannot be calibrated (a `ConfigError` says so).
+    A metric to minimize (`higher_is_better=False`, a perplexity) steers as its quality
+    against the model as given (`sparta_explore.quality`), so the threshold is a relative rise.
 
     Example:
         >>> r = calibrate_workload(model, table, load_workload("digits-cnn"))  # doctest: +SKIP
@@ -175,4 +178,15 @@ def calibrate_workload(model: torch.nn.Module, table: Mapping[str, TeSA] | None,
     if isinstance(inputs, Mapping):
         raise ConfigError(f"workload {workload.name!r}: calibration runs models on positional inputs; its "
                           "calibration_inputs are keyword inputs")
-    return calibrate(model, table, inputs, lambda m: workload.evaluate(m, validation=True), config, graph=graph)
+    def validation(m: torch.nn.Module) -> float:
+        return workload.evaluate(m, validation=True)
+
+    steer = validation
+    if not getattr(workload, "higher_is_better", True):
+        # calibration keeps a lowering while the steering number drops by at most the threshold: for a
+        # perplexity that number is the quality against the model as given (0.01 = 1% more perplexity)
+        given = validation(model)
+
+        def steer(m: torch.nn.Module) -> float:
+            return quality(validation(m), higher_is_better=False, reference=given)
+    return calibrate(model, table, inputs, steer, config, graph=graph)

@@ -330,7 +330,8 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
     which.add_argument("--best", action="store_true",
                        help="the most accurate trial within the latency target, else the fastest above the "
                             "accuracy floor, else the highest score")
-    p.add_argument("--min-accuracy", type=float, default=None, help="with --best: the metric's floor")
+    p.add_argument("--min-accuracy", type=float, default=None,
+                   help="with --best: the metric's floor (a ceiling for a metric to minimize, e.g. perplexity)")
     p.add_argument("--max-latency-ms", type=positive_float, default=None, help="with --best: the latency target")
     p.add_argument("--max-latency-ratio", type=positive_float, default=None,
                    help="with --best: the latency target as a fraction of dense")

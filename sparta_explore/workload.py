@@ -74,6 +74,10 @@ class Workload:
     * `prunable`: module FQNs that may be pruned; None = every Linear / Conv2d / Conv1D but `head`.
     * `head`: the output module left dense ("auto": the last Linear / Conv1D; None: none).
     * `capture`: options for `capture` (method, leaf_modules, concrete_args).
+    * `compile_inplace`: a trial compiles the model in place (kernels in its own modules,
+      `CompileConfig(inplace=True)`) instead of as a graph captured at the timing shape: for
+      models whose metric runs other shapes than the timing inputs (a language model's
+      perplexity windows, `generate`).
     * `architecture`: for a `model` builder that trains, a cheap function building the same
       modules untrained: the names in `prunable` are checked on it before `model` runs, so a
       typo costs no training.
@@ -94,6 +98,7 @@ class Workload:
     prunable: tuple[str, ...] | None = None
     head: str | None = "auto"
     capture: Mapping[str, Any] = field(default_factory=dict)
+    compile_inplace: bool = False
     description: str = ""
     architecture: Callable[[], nn.Module] | None = field(default=None, repr=False)
     _built: list = field(default_factory=list, repr=False)
@@ -110,6 +115,9 @@ class Workload:
         if not isinstance(self.higher_is_better, bool):
             raise ConfigError(f"workload {self.name!r}: higher_is_better must be True or False, "
                               f"got {self.higher_is_better!r}")
+        if not isinstance(self.compile_inplace, bool):
+            raise ConfigError(f"workload {self.name!r}: compile_inplace must be True or False, "
+                              f"got {self.compile_inplace!r}")
         if (self.train_batches is None) != (self.loss is None):
             raise ConfigError(f"workload {self.name!r}: train_batches and loss go together (training needs both)")
         if self.prunable is not None:

@@ -79,6 +79,27 @@ class InPlaceCompile:
         """One row per planned op, as `CompiledModel.report` (a loaded model's saved table)."""
         return self.plan.table() if self.plan is not None else self.record.report
 
+    @property
+    def max_error(self) -> float:
+        """The largest relative error of the checks against the masked model (NaN when none ran).
+
+        Example:
+            >>> model.sparta_compiled.max_error < 1e-4   # doctest: +SKIP
+            True
+        """
+        errors = pd.to_numeric(self.checks.get("error", pd.Series([], dtype=float)), errors="coerce").dropna()
+        return float(errors.max()) if len(errors) else float("nan")
+
+    @property
+    def capped(self) -> int:
+        """How many ops were chosen by the device profile's prediction because compile reached its time cap.
+
+        Example:
+            >>> model.sparta_compiled.capped   # doctest: +SKIP
+            0
+        """
+        return sum(op.capped for op in self.plan.ops.values()) if self.plan is not None else 0
+
     def summary(self) -> str:
         """Passes (skipped), per-op choices, checks and the guard as plain text.
 

@@ -147,3 +147,28 @@ def test_starting_over_budget_warns_and_log_and_progress_are_reported(capsys):
     frame = r.log_frame()
     assert list(frame.columns[:5]) == ["tensor", "op", "kind", "from_bits", "bits"]
     assert len(frame) == len(r.log) and r.seconds > 0
+
+
+def test_a_workload_metric_to_minimize_steers_calibration_the_right_way():
+    from sparta_explore.quantizers import calibrate_workload
+    from sparta_explore.workload import Workload
+
+    model = _mlp()
+    target = model(X).detach()
+
+    def loss(m):  # mean squared distance from the fp32 model's outputs, + 1 so it stays a positive cost
+        with torch.no_grad():
+            return 1.0 + float(((m(X) - target) ** 2).mean())
+
+    def workload(threshold_loss):
+        return Workload("regression", model, (X,), metric=threshold_loss, metric_name="loss",
+                        higher_is_better=False, validation_metric=threshold_loss, calibration_inputs=(X,))
+
+    # any lowering raises the loss: under a near-zero threshold none is kept (read as "higher is better",
+    # every rise would look like a gain and all of them would be kept)
+    strict = calibrate_workload(copy.deepcopy(model), None, workload(loss),
+                                CalibrationConfig(bits=(8, 4), threshold=1e-9, **FAST))
+    assert set(strict.assignment().values()) == {32}
+    loose = calibrate_workload(copy.deepcopy(model), None, workload(loss),
+                               CalibrationConfig(bits=(8, 4), threshold=0.5, **FAST))
+    assert min(loose.assignment().values()) < 32

@@ -7,8 +7,11 @@ best one:
 
 * with a latency target (`max_latency_ms`, or `max_latency_ratio` of its dense latency):
   the most accurate trial within it (the faster of equals);
-* with only an accuracy floor (`min_accuracy`): the fastest trial at or above it;
+* with only an accuracy floor (`min_accuracy`, in the metric's units; for a metric to
+  minimize, a perplexity, it is a ceiling): the fastest trial at or above it;
 * with neither: the highest ``score`` (the objective the trials ran with).
+
+"Most accurate" ranks by quality (`sparta_explore.quality`), so the lowest perplexity wins.
 
 Failed trials (no metric or latency) are never picked.
 
@@ -26,6 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 from sparta_explore.errors import ConfigError
+from sparta_explore.quality import as_bool, quality_column
 
 
 def load_trials(path: str | os.PathLike) -> pd.DataFrame:
@@ -89,18 +93,23 @@ def pick_trial(df: pd.DataFrame, *, trial: str | None = None, best: bool = False
     if trial is not None:
         return _by_id(df, trial)
     rows = _finished(df)
-    accuracy = pd.to_numeric(rows["accuracy"])
+    metric = pd.to_numeric(rows["accuracy"])
+    accuracy = quality_column(rows)
+    higher = rows.get("higher_is_better", pd.Series(True, index=rows.index)).map(as_bool)
     latency = pd.to_numeric(rows["latency_ms"])
     keep = pd.Series(True, index=rows.index)
     if min_accuracy is not None:
-        keep &= accuracy >= min_accuracy
+        keep &= (metric >= min_accuracy).where(higher, metric <= min_accuracy)
     if max_latency_ms is not None:
         keep &= latency <= max_latency_ms
     if max_latency_ratio is not None:
         keep &= latency <= max_latency_ratio * pd.to_numeric(rows["dense_latency_ms"])
     rows = rows[keep]
     if rows.empty:
-        wants = [f"accuracy >= {min_accuracy:g}" if min_accuracy is not None else "",
+        bound = ">=" if higher.all() else "<=" if not higher.any() else "at least / at most"
+        names = df["metric_name"].dropna() if "metric_name" in df.columns else pd.Series([], dtype=object)
+        name = str(names.iloc[0]) if len(names) else "accuracy"
+        wants = [f"{name} {bound} {min_accuracy:g}" if min_accuracy is not None else "",
                  f"latency <= {max_latency_ms:g} ms" if max_latency_ms is not None else "",
                  f"latency <= {max_latency_ratio:g} x dense" if max_latency_ratio is not None else ""]
         raise ConfigError(f"no finished trial has {' and '.join(w for w in wants if w) or 'a metric'}")

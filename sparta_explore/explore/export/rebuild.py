@@ -145,11 +145,11 @@ def export_trial(row: Mapping[str, Any], out: str | os.PathLike, *, cache_dir: s
     calibrated = calibrate(setup, compressed, tuned)
     compiled = compile_stage(setup, calibrated)
     measured = measure(setup, calibrated, compiled)
-    report = compiled.model.report
+    report = compiled.info.report
     choices = ";".join(f"{op}:{choice}" for op, choice in zip(report["op"], report["choice"])) if len(report) else ""
     machine = this_machine(int(measured.compiled.threads)).key
     differences = tuple(_differences(row, metric=measured.metric, finetuned=tuned.metric, choices=choices,
-                                     guard=compiled.model.guard, machine=machine))
+                                     guard=compiled.info.guard, machine=machine))
     figures = {"metric_name": setup.workload.metric_name, "metric": measured.metric,
                "row_metric": _number(row, "accuracy"), "finetuned_metric": tuned.metric,
                "row_finetuned_metric": _number(row, "finetuned_accuracy"),
@@ -158,5 +158,7 @@ def export_trial(row: Mapping[str, Any], out: str | os.PathLike, *, cache_dir: s
     metadata = {"trial": {"key": str(row.get("key")), "params": params.to_dict(), "source": source,
                           "row_machine": _plain(row.get("machine")), "kernel_choices": choices},
                 **{k: _plain(v) for k, v in figures.items()}, "differences": list(differences)}
-    path = compiled.model.save(out, metadata=metadata)
+    from sparta_explore.compile.package.save import save
+
+    path = save(compiled.model, out, metadata=metadata)  # a CompiledModel, or a model compiled in place
     return ExportResult(path, str(row.get("key")), params, differences=differences, **figures)

@@ -304,6 +304,7 @@ def export_trials(directory: str | os.PathLike) -> pd.DataFrame:
         >>> export_trials("results/nni/k3j5x9qz")[["nni_trial", "sparsity", "accuracy"]]  # doctest: +SKIP
     """
     from sparta_explore.explore.trial.result import ROW_COLUMNS
+    from sparta_explore.quality import as_bool, row_quality
 
     directory = Path(directory)
     database = _database(directory)
@@ -330,6 +331,9 @@ def export_trials(directory: str | os.PathLike) -> pd.DataFrame:
         if not isinstance(result, Mapping):
             result = {"score": result}  # a trial that reported a bare number (not nni_trial)
         row = {c: result.get(c) for c in ROW_COLUMNS}
+        if row["accuracy"] is not None:  # trials from before these columns measured accuracies
+            row["higher_is_better"] = as_bool(row["higher_is_better"])
+            row["quality"] = row_quality(row)
         echoed = result.get("nni_params")
         row.update(nni_experiment=directory.name, nni_trial=trial, nni_sequence=sequence.get(trial),
                    nni_parameter_id=int(parameter_id) if str(parameter_id).isdigit() else None,

@@ -1,6 +1,6 @@
-"""`ParetoTuner`: an NNI tuner that searches for the best accuracy for its *measured* latency.
+"""`ParetoTuner`: an NNI tuner that searches for the best quality (accuracy; dense / perplexity) per *measured* latency.
 
-It wraps `pareto_tpe.ParetoTPE` (multi-objective TPE over accuracy and cost) in NNI's
+It wraps `pareto_tpe.ParetoTPE` (multi-objective TPE over quality and cost) in NNI's
 `Tuner` interface. The cost it minimizes is a column of the trial's final
 result, by default ``latency_ratio`` (compiled over dense latency, both timed in the same
 trial, so machine drift cancels); ``flops_ratio`` makes it a FLOPs-guided search instead.
@@ -40,6 +40,7 @@ from nni.tuner import Tuner
 from sparta_explore.errors import ConfigError
 from sparta_explore.explore.search.dimensions import Space
 from sparta_explore.explore.search.pareto_tpe import ParetoTPE, SearchConfig, SpaceExhausted
+from sparta_explore.quality import row_quality
 
 _log = logging.getLogger(__name__)
 
@@ -49,17 +50,19 @@ ECHO_KEY = "nni_params"  # where nni_trial echoes the parameters it ran
 class ParetoTuner(Tuner):
     """Pareto-aware TPE tuner over two columns of the trials' final results (maximize `value`, minimize `cost`).
 
-    classArgs: `cost` [latency_ratio] and `value` [accuracy] name result columns;
+    classArgs: `cost` [latency_ratio] and `value` [quality] name result columns; quality is the
+    workload's metric, or dense / metric for a metric to minimize such as perplexity
+    (`sparta_explore.quality`; computed from the metric columns when a result has none);
     `startup`, `gamma`, `candidates`, `prior_weight`, `seed`, `value_floor` go to `SearchConfig`.
 
     Example:
         >>> ParetoTuner(cost="")
         Traceback (most recent call last):
         ...
-        sparta_explore.errors.ConfigError: cost and value must name result columns, got '' and 'accuracy'
+        sparta_explore.errors.ConfigError: cost and value must name result columns, got '' and 'quality'
     """
 
-    def __init__(self, cost: str = "latency_ratio", value: str = "accuracy", startup: int = 6, gamma: float = 0.3,
+    def __init__(self, cost: str = "latency_ratio", value: str = "quality", startup: int = 6, gamma: float = 0.3,
                  candidates: int = 24, prior_weight: float = 1.0, seed: int | None = 0,
                  value_floor: float | None = None) -> None:
         if not (isinstance(cost, str) and cost and isinstance(value, str) and value):
@@ -169,6 +172,8 @@ class ParetoTuner(Tuner):
 
 def _number(result: Any, column: str) -> float:
     # a trial that reported a bare number (not this project's trial) has no cost column: unranked
+    if column == "quality" and isinstance(result, Mapping) and result.get("accuracy") is not None:
+        return _number({"quality": row_quality(result)}, column)
     if not isinstance(result, Mapping) or result.get(column) is None:
         return math.nan
     try:

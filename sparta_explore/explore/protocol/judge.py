@@ -14,6 +14,9 @@ For each (seed, search), from the trials that search made (`protocol.load_protoc
 
 `summarize` gives mean, standard deviation and range over seeds; `goal_checks` the
 issue's goals (latency-guided hypervolume higher in every seed; >= 1.3x at equal accuracy).
+"Accuracy" here is a row's quality (`sparta_explore.quality`): the workload's metric, or for a
+metric to minimize (a perplexity) the dense model's value over the row's, so 0.5 points are
+a perplexity 0.5% of the dense one higher.
 
 Example:
     >>> j = judge(load_protocol("results/latency_vs_flops/digits-ffn/<machine>"), target=0.25)  # doctest: +SKIP
@@ -29,8 +32,9 @@ import numpy as np
 import pandas as pd
 
 from sparta_explore.errors import ConfigError
-from sparta_explore.explore.report.pareto import check_one_machine, hypervolume, non_dominated
+from sparta_explore.explore.report.pareto import check_one_machine, hypervolume, non_dominated, with_quality
 from sparta_explore.explore.search.searches import RATIO
+from sparta_explore.quality import quality_column
 
 REF_ACCURACY_DROP = 0.10
 EQUAL_ACCURACY = 0.005  # "equal accuracy": within half a point
@@ -40,20 +44,36 @@ METRICS = ("hypervolume", "pick_accuracy", "pick_predicted", "pick_latency", "sp
 
 
 def reference(df: pd.DataFrame) -> tuple[float, float]:
-    """The one reference point of a workload's run: (latency ratio 1.0, median dense accuracy - 0.10).
+    """The one reference point of a workload's run: (latency ratio 1.0, median dense quality - 0.10).
+
+    The dense quality is the dense accuracy, or 1.0 for a metric to minimize (`sparta_explore.quality`).
 
     Example:
         >>> reference(pd.DataFrame({"dense_accuracy": [0.98, 0.97, 0.98]}))
         (1.0, 0.88)
     """
-    dense = pd.to_numeric(df.get("dense_accuracy"), errors="coerce").dropna() if "dense_accuracy" in df else []
+    dense = dense_quality(df)
     if len(dense) == 0:
         raise ConfigError("the protocol's rows have no dense_accuracy: no trial finished")
     return 1.0, round(float(dense.median()) - REF_ACCURACY_DROP, 4)
 
 
+def dense_quality(df: pd.DataFrame) -> pd.Series:
+    """Each finished row's dense model as a quality (its `dense_accuracy` as the row's metric).
+
+    Example:
+        >>> dense_quality(pd.DataFrame({"dense_accuracy": [15.0], "higher_is_better": [False]})).tolist()
+        [1.0]
+    """
+    if "dense_accuracy" not in df:
+        return pd.Series([], dtype=float)
+    dense = pd.to_numeric(df["dense_accuracy"], errors="coerce")
+    as_rows = df.assign(accuracy=dense).drop(columns=["quality"], errors="ignore")
+    return quality_column(as_rows)[dense.notna()]
+
+
 def kept_front(rows: pd.DataFrame, guide: str) -> pd.DataFrame:
-    """The trials a search guided by `guide` keeps: non-dominated on (its cost ratio, accuracy).
+    """The trials a search guided by `guide` keeps: non-dominated on (its cost ratio, quality).
 
     Example:
         >>> rows = pd.DataFrame({"accuracy": [0.9, 0.8, 0.95], "latency_ratio": [0.5, 0.3, 0.9],
@@ -61,18 +81,18 @@ def kept_front(rows: pd.DataFrame, guide: str) -> pd.DataFrame:
         >>> kept_front(rows, "flops")["accuracy"].tolist(), kept_front(rows, "latency")["accuracy"].tolist()
         ([0.9, 0.95], [0.8, 0.9, 0.95])
     """
-    ok = rows.dropna(subset=["accuracy", RATIO[guide], "latency_ratio"])
+    ok = with_quality(rows.dropna(subset=["accuracy", RATIO[guide], "latency_ratio"]))
     if ok.empty:
         return ok
-    keep = non_dominated(ok[RATIO[guide]].to_numpy(float), ok["accuracy"].to_numpy(float))
+    keep = non_dominated(ok[RATIO[guide]].to_numpy(float), ok["quality"].to_numpy(float))
     return ok[keep].sort_values(RATIO[guide])
 
 
 def pick(rows: pd.DataFrame, guide: str, target: float, min_accuracy: float = -math.inf) -> pd.Series | None:
-    """The most accurate trial whose own cost (`guide` ratio) is at most `target`; None if none is.
+    """The best trial (highest quality) whose own cost (`guide` ratio) is at most `target`; None if none is.
 
-    Only trials above `min_accuracy` count (the judge passes the reference accuracy: a model
-    at chance accuracy under the target is no pick anyone would ship).
+    Only trials of quality above `min_accuracy` count (the judge passes the reference: a
+    model at chance accuracy under the target is no pick anyone would ship).
 
     Example:
         >>> rows = pd.DataFrame({"accuracy": [0.9, 0.95], "latency_ratio": [0.2, 0.6], "flops_ratio": [0.1, 0.2]})
@@ -81,22 +101,23 @@ def pick(rows: pd.DataFrame, guide: str, target: float, min_accuracy: float = -m
         >>> pick(rows, "latency", 0.25, min_accuracy=0.92) is None
         True
     """
-    ok = rows.dropna(subset=["accuracy", RATIO[guide], "latency_ratio"])
-    ok = ok[(ok[RATIO[guide]] <= target) & (ok["accuracy"] > min_accuracy)]
+    ok = with_quality(rows.dropna(subset=["accuracy", RATIO[guide], "latency_ratio"]))
+    ok = ok[(ok[RATIO[guide]] <= target) & (ok["quality"] > min_accuracy)]
     if ok.empty:
         return None
-    return ok.sort_values(["accuracy", RATIO[guide]], ascending=[False, True]).iloc[0]
+    return ok.sort_values(["quality", RATIO[guide]], ascending=[False, True]).iloc[0]
 
 
 def fastest_at(rows: pd.DataFrame, accuracy: float) -> float:
-    """The lowest measured latency ratio among trials at most `EQUAL_ACCURACY` below `accuracy` (NaN if none).
+    """The lowest measured latency ratio among trials of quality at most `EQUAL_ACCURACY` below `accuracy`
+    (a quality; NaN if none).
 
     Example:
         >>> fastest_at(pd.DataFrame({"accuracy": [0.9, 0.896, 0.8], "latency_ratio": [0.5, 0.3, 0.1]}), 0.9)
         0.3
     """
-    ok = rows.dropna(subset=["accuracy", "latency_ratio"])
-    ok = ok[ok["accuracy"] >= accuracy - EQUAL_ACCURACY - 1e-12]
+    ok = with_quality(rows.dropna(subset=["accuracy", "latency_ratio"]))
+    ok = ok[ok["quality"] >= accuracy - EQUAL_ACCURACY - 1e-12]
     return float(ok["latency_ratio"].min()) if not ok.empty else math.nan
 
 
@@ -119,7 +140,7 @@ def judge(df: pd.DataFrame, target: float, ref: tuple[float, float] | None = Non
             record = {
                 "seed": seed, "search": search, "guide": guide, "trials": len(rows),
                 "failed": int(rows["accuracy"].isna().sum()),
-                "hypervolume": hypervolume(front["latency_ratio"], front["accuracy"], ref),
+                "hypervolume": hypervolume(front["latency_ratio"], front["quality"], ref) if len(front) else 0.0,
                 "front_size": len(front),
                 "pick_accuracy": math.nan if chosen is None else float(chosen["accuracy"]),
                 "pick_predicted": math.nan if chosen is None else float(chosen[RATIO[guide]]),
@@ -130,7 +151,7 @@ def judge(df: pd.DataFrame, target: float, ref: tuple[float, float] | None = Non
             }
             if flops_pick is not None:
                 record["speedup_vs_flops_pick"] = float(flops_pick["latency_ratio"]) / fastest_at(
-                    rows, float(flops_pick["accuracy"]))
+                    rows, float(flops_pick["quality"]))
             out.append(record)
     return pd.DataFrame(out)
 

@@ -57,6 +57,7 @@ from sparta_explore.explore.sweep.run import sweep
 from sparta_explore.explore.trial.params import TrialParams, format_layer_sparsity
 from sparta_explore.explore.trial.result import ROW_COLUMNS
 from sparta_explore.explore.trial.run import run_trial
+from sparta_explore.quality import row_quality
 
 VISITS_CSV = "visits.csv"
 CONFIG_JSON = "protocol.json"
@@ -227,14 +228,16 @@ def run_protocol(config: ProtocolConfig, out: str | os.PathLike, *, trial_fn: Tr
 
 
 def accuracy_floor(rows: list[Mapping[str, Any]], drop: float | None) -> float | None:
-    """Median dense accuracy of `rows` minus `drop` (None without a drop or a finished row).
+    """Median dense quality of `rows` minus `drop` (None without a drop or a finished row).
+
+    The dense quality is the dense accuracy, or 1.0 for a metric to minimize (`sparta_explore.quality`).
 
     Example:
         >>> accuracy_floor([{"dense_accuracy": 0.98}, {"dense_accuracy": None}], 0.1)
         0.88
     """
-    dense = [float(r["dense_accuracy"]) for r in rows if r.get("dense_accuracy") is not None
-             and math.isfinite(float(r["dense_accuracy"]))]
+    dense = [row_quality({**r, "accuracy": float(r["dense_accuracy"]), "quality": None}) for r in rows
+             if r.get("dense_accuracy") is not None and math.isfinite(float(r["dense_accuracy"]))]
     if drop is None or not dense:
         return None
     return round(float(statistics.median(dense)) - drop, 4)

@@ -1,9 +1,11 @@
-"""Pareto fronts (maximize accuracy, minimize a cost) and their 2-D hypervolume.
+"""Pareto fronts (maximize quality, minimize a cost) and their 2-D hypervolume.
 
+The value is a row's quality (`sparta_explore.quality`): its accuracy, or for a metric to
+minimize (a perplexity) the dense model's value over the row's, so one front serves both.
 The latency-guided front is non-dominated on measured latency; the FLOPs-guided front is
 non-dominated on effective FLOPs, i.e. what a search that trusts FLOPs would keep. Both
-are judged on measured latency: the hypervolume of each front's (latency, accuracy)
-points against one reference point says how much of the latency/accuracy plane it covers.
+are judged on measured latency: the hypervolume of each front's (latency, quality)
+points against one reference point says how much of the latency/quality plane it covers.
 
 Example:
     >>> pts = pd.DataFrame({"latency_ms": [1.0, 2.0, 3.0, 2.5], "accuracy": [0.5, 0.8, 0.9, 0.7]})
@@ -21,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from sparta_explore.errors import ConfigError
+from sparta_explore.quality import quality_column
 
 GUIDE_COST = {"latency": "latency_ms", "flops": "effective_flops"}
 
@@ -45,14 +48,31 @@ def non_dominated(cost: Sequence[float], value: Sequence[float]) -> np.ndarray:
     return ok & ~dominated
 
 
-def pareto_front(df: pd.DataFrame, cost: str = "latency_ms", value: str = "accuracy") -> pd.DataFrame:
+def with_quality(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with its `quality` column filled in (`quality_column`) wherever a row has none.
+
+    Example:
+        >>> with_quality(pd.DataFrame({"accuracy": [30.0], "higher_is_better": [False],
+        ...                            "dense_accuracy": [15.0]}))["quality"].tolist()
+        [0.5]
+    """
+    if "accuracy" not in df.columns:
+        return df
+    return df.assign(quality=quality_column(df))
+
+
+def pareto_front(df: pd.DataFrame, cost: str = "latency_ms", value: str = "quality") -> pd.DataFrame:
     """The rows of `df` on the front (minimize `cost`, maximize `value`), by ascending cost.
+
+    The default value, quality, is computed from the metric columns where `df` has none.
 
     Example:
         >>> df = pd.DataFrame({"latency_ms": [3.0, 1.0], "accuracy": [0.9, 0.95]})
         >>> pareto_front(df)["latency_ms"].tolist()
         [1.0]
     """
+    if value == "quality":
+        df = with_quality(df)
     for column in (cost, value):
         if column not in df.columns:
             raise ConfigError(f"no column {column!r} in the results (have {', '.join(map(str, df.columns))})")
@@ -90,7 +110,7 @@ def check_one_machine(df: pd.DataFrame, *, mix_machines: bool = False) -> None:
                           "machine's rows, or pass mix_machines=True")
 
 
-def guided_front(df: pd.DataFrame, guide: str, value: str = "accuracy", *,
+def guided_front(df: pd.DataFrame, guide: str, value: str = "quality", *,
                  mix_machines: bool = False) -> pd.DataFrame:
     """The front a `guide`-guided search keeps: "latency" (measured) or "flops" (effective FLOPs).
 
@@ -141,7 +161,7 @@ def hypervolume(cost: Sequence[float], value: Sequence[float], ref: tuple[float,
 
 
 def reference_point(df: pd.DataFrame) -> tuple[float, float]:
-    """The default reference: (the dense model's median latency, accuracy 0).
+    """The default reference: (the dense model's median latency, quality 0).
 
     Against it, hypervolume counts only trials that beat dense PyTorch's measured latency.
 
@@ -156,7 +176,7 @@ def reference_point(df: pd.DataFrame) -> tuple[float, float]:
 
 def front_hypervolume(df: pd.DataFrame, guide: str, ref: tuple[float, float] | None = None, *,
                       mix_machines: bool = False) -> float:
-    """Hypervolume, on measured latency and accuracy, of the `guide`-guided front.
+    """Hypervolume, on measured latency and quality, of the `guide`-guided front.
 
     Example:
         >>> df = pd.DataFrame({"latency_ms": [1.0, 2.0], "effective_flops": [9, 5], "accuracy": [0.9, 0.9],
@@ -165,4 +185,4 @@ def front_hypervolume(df: pd.DataFrame, guide: str, ref: tuple[float, float] | N
         (1.8, 0.9)
     """
     front = guided_front(df, guide, mix_machines=mix_machines)
-    return hypervolume(front["latency_ms"], front["accuracy"], ref or reference_point(df))
+    return hypervolume(front["latency_ms"], front["quality"], ref or reference_point(df))

@@ -3,7 +3,9 @@
 * `plot_accuracy_latency`: every trial on measured latency vs accuracy, with the
   latency-guided front and the FLOPs-guided front (chosen on FLOPs, drawn at the latency
   they really measured, with the staircase of the best accuracy they reach within each
-  latency: its area is the front's hypervolume) overlaid, the dense model, and the target.
+  latency: its area is the front's hypervolume; for a metric to minimize, a perplexity, the
+  hypervolume is the area in quality, `sparta_explore.quality`) overlaid, the dense model,
+  and the target.
 * `plot_latency_flops`: measured latency vs effective FLOPs, each relative to the dense
   model (latency: the dense run timed alternately in the same trial), with the line FLOPs
   predict (y = x); trials far above it are where FLOPs mislead.
@@ -31,6 +33,7 @@ from sparta_explore.explore.report.pareto import (
     pareto_front,
     reference_point,
 )
+from sparta_explore.quality import as_bool
 
 ACCURACY_LATENCY_PNG = "pareto_accuracy_latency.png"
 LATENCY_FLOPS_PNG = "latency_vs_flops.png"
@@ -106,8 +109,9 @@ def plot_accuracy_latency(df: pd.DataFrame, path: str | os.PathLike, *, title: s
         target = float(df["target"].median())
         ax.axvline(target * dense_ms, color="gray", ls=":", lw=1.2, label=f"latency target ({target:g} x dense)")
     label = metric_label(df)
-    return _finish(fig, ax, path, plt, "measured latency (ms, median)", f"{label} (compiled model, held-out data)",
-                   title or f"{label} vs measured latency")
+    lower = "" if higher_is_better(df) else ", lower is better"
+    return _finish(fig, ax, path, plt, "measured latency (ms, median)",
+                   f"{label} (compiled model, held-out data{lower})", title or f"{label} vs measured latency")
 
 
 def plot_latency_flops(df: pd.DataFrame, path: str | os.PathLike, *, title: str | None = None) -> Path:
@@ -209,6 +213,18 @@ def metric_label(df: pd.DataFrame) -> str:
     if "metric_name" in df.columns and df["metric_name"].notna().any():
         return str(df["metric_name"].dropna().iloc[0])
     return "accuracy"
+
+
+def higher_is_better(df: pd.DataFrame) -> bool:
+    """Whether the rows' metric improves upwards (their `higher_is_better` column; True without one).
+
+    Example:
+        >>> higher_is_better(pd.DataFrame({"higher_is_better": [False]})), higher_is_better(pd.DataFrame())
+        (False, True)
+    """
+    if "higher_is_better" not in df.columns or df["higher_is_better"].dropna().empty:
+        return True
+    return as_bool(df["higher_is_better"].dropna().iloc[0])
 
 
 def plot_results(df: pd.DataFrame, out_dir: str | os.PathLike) -> list[Path]:

@@ -25,7 +25,7 @@ import pandas as pd
 from sparta_explore.cache import atomic_write
 from sparta_explore.errors import ConfigError
 from sparta_explore.explore.report.pareto import front_hypervolume, guided_front, reference_point
-from sparta_explore.explore.report.plots import metric_label, pattern_label, result_groups
+from sparta_explore.explore.report.plots import higher_is_better, metric_label, pattern_label, result_groups
 from sparta_explore.explore.trial.objectives import get_objective, objective_names
 
 # this report holds one sweep's numbers; the project's own measured figures (kernels, whole models, peers) are
@@ -124,8 +124,12 @@ def _section(df: pd.DataFrame, target: float, images: Sequence[str]) -> list[str
                 f"{_pick(flo, metric)}.", ""]
     hv_lat, hv_flo = front_hypervolume(df, "latency", ref), front_hypervolume(df, "flops", ref)
     box = ref[0] * (1.0 - ref[1])
+    lower = "" if higher_is_better(df) else (f" {metric} is lower-is-better: fronts and hypervolumes are on quality, "
+                                             f"the dense {metric} over the trial's (1.0 at the dense model, 0.5 at "
+                                             f"twice its {metric}).")
     out += [f"### Pareto fronts ({metric} vs measured latency)", "",
-            f"Reference point: ({ref[0]:.3f} ms, {metric} {ref[1]:g}); only trials faster than dense count.", "",
+            f"Reference point: ({ref[0]:.3f} ms, {metric if lower == '' else 'quality'} {ref[1]:g}); only "
+            f"trials faster than dense count.{lower}", "",
             markdown_table(pd.DataFrame([
                 {"front": "latency-guided", "trials": len(guided_front(df, "latency")), "hypervolume": hv_lat,
                  "share of box": hv_lat / box if box else math.nan},

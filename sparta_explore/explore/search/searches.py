@@ -30,6 +30,7 @@ from sparta_explore.errors import ConfigError
 from sparta_explore.explore.search.dimensions import Space
 from sparta_explore.explore.search.pareto_tpe import ParetoTPE, SearchConfig
 from sparta_explore.explore.trial.objectives import get_objective
+from sparta_explore.quality import row_quality
 
 RATIO = {"latency": "latency_ratio", "flops": "flops_ratio"}
 
@@ -40,6 +41,14 @@ def _finite(row: Mapping[str, Any], column: str) -> float:
         value = float(value)
     except (TypeError, ValueError):
         return math.nan
+    return value if math.isfinite(value) else math.nan
+
+
+def _quality(row: Mapping[str, Any]) -> float:
+    # the value searches maximize: the metric, or dense / metric for one to minimize (`sparta_explore.quality`)
+    if math.isnan(_finite(row, "accuracy")):  # a failed trial
+        return math.nan
+    value = row_quality(row)
     return value if math.isfinite(value) else math.nan
 
 
@@ -56,7 +65,7 @@ class Search(Protocol):
 
 
 class ParetoSearch:
-    """`ParetoTPE` told (accuracy, the row's `guide` ratio); its random start is the protocol's shared one."""
+    """`ParetoTPE` told (quality, the row's `guide` ratio); its random start is the protocol's shared one."""
 
     def __init__(self, space: Mapping[str, Any], seed: int, startup: int, guide: str,
                  floor: float | None = None) -> None:
@@ -67,7 +76,7 @@ class ParetoSearch:
         return self.tpe.ask()
 
     def observe(self, point: Mapping[str, Any], row: Mapping[str, Any]) -> None:
-        self.tpe.tell(point, _finite(row, "accuracy"), _finite(row, RATIO[self.guide]))
+        self.tpe.tell(point, _quality(row), _finite(row, RATIO[self.guide]))
 
 
 class NNITPESearch:
@@ -85,7 +94,7 @@ class NNITPESearch:
         self._pending: dict[str, int] = {}
 
     def _reward(self, row: Mapping[str, Any]) -> float:
-        accuracy, ratio = _finite(row, "accuracy"), _finite(row, RATIO[self.guide])
+        accuracy, ratio = _quality(row), _finite(row, RATIO[self.guide])
         if math.isnan(accuracy) or math.isnan(ratio) or ratio <= 0:
             return math.nan
         return float(self.objective.fn(accuracy, ratio, self.target))

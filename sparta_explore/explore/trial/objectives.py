@@ -1,4 +1,8 @@
-"""Objectives: the one number a search maximizes, from a trial's accuracy and its cost.
+"""Objectives: the one number a search maximizes, from a trial's quality and its cost.
+
+The quality (`sparta_explore.quality`) is the workload's metric when higher is better (an
+accuracy, so "accuracy" below), and the dense model's metric over the trial's when lower is
+better (a perplexity: 1.0 at the dense model's, 0.5 at twice it), so the same trade holds.
 
 Every objective reads one cost of a results row relative to the dense model: measured
 latency (`latency_ms / dense_latency_ms`) for the latency-guided ones, effective FLOPs
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparta_explore.errors import ConfigError
+from sparta_explore.quality import row_quality
 from sparta_explore.registry import Registry
 
 ScoreFn = Callable[[float, float, float], float]
@@ -71,14 +76,14 @@ class Objective:
         return float(row[self.cost]) / base
 
     def score(self, row: Mapping[str, Any], target: float) -> float:
-        """The scalar a tuner maximizes for this row.
+        """The scalar a tuner maximizes for this row (its quality, `row_quality`, traded against the cost).
 
         Example:
             >>> get_objective("latency").score({"accuracy": 0.75, "latency_ms": 6.0, "dense_latency_ms": 8.0}, 0.5)
             0.25
         """
         check_target(target)
-        return self.fn(float(row["accuracy"]), self.ratio(row), float(target))
+        return self.fn(row_quality(row), self.ratio(row), float(target))
 
 
 _OBJECTIVES: Registry[Objective] = Registry("objective")

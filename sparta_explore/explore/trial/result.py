@@ -8,9 +8,12 @@
   layer_sparsity ("layers.0:0.9;layers.1:0.5", empty without overrides), scope, block
   ("32x32" or ""), bits, act_bits (empty unless the inputs' width differs), quantizer,
   calibrate, calibrate_threshold, finetune_epochs, batch (resolved), seed, objective, target;
-* metric_name (the workload's, e.g. "accuracy"), and that metric (higher is better) in
-  accuracy (the compiled model), finetuned_accuracy (masked fp32 model after fine-tuning),
-  masked_accuracy (after propagation, before fine-tuning), dense_accuracy;
+* metric_name (the workload's, e.g. "accuracy" or "perplexity"), higher_is_better (its
+  direction), and that metric in accuracy (the compiled model), finetuned_accuracy (masked
+  fp32 model after fine-tuning), masked_accuracy (after propagation, before fine-tuning),
+  dense_accuracy; quality: the compiled model's metric as a number to maximize
+  (`sparta_explore.quality`: the metric, or dense_accuracy / accuracy when lower is better),
+  what fronts, objectives, tuners and picks rank by;
 * latency_ms, latency_p10_ms, latency_p90_ms (compiled), dense_latency_ms (PyTorch dense,
   timed in the same trial, call by call alternating with the compiled model),
   speedup (dense / compiled), latency_ratio (compiled / dense);
@@ -42,15 +45,18 @@ from typing import Any
 
 import pandas as pd
 
+from sparta_explore.errors import ConfigError
 from sparta_explore.explore.trial.objectives import score as objective_score
 from sparta_explore.explore.trial.params import TrialParams, format_block, format_layer_sparsity
+from sparta_explore.quality import quality
 from sparta_explore.tesa_table import TeSATable
 
 ROW_COLUMNS = (
     "key", "params_json", "workload", "pruner", "sparsity", "layer_sparsity", "scope", "block", "bits", "act_bits",
     "quantizer", "calibrate", "calibrate_threshold",
     "finetune_epochs", "batch", "seed", "objective", "target",
-    "metric_name", "accuracy", "finetuned_accuracy", "masked_accuracy", "dense_accuracy",
+    "metric_name", "higher_is_better", "accuracy", "finetuned_accuracy", "masked_accuracy", "dense_accuracy",
+    "quality",
     "latency_ms", "latency_p10_ms", "latency_p90_ms", "dense_latency_ms", "speedup", "latency_ratio",
     "dense_flops", "effective_flops", "flops_ratio", "sparsity_pruned", "sparsity_propagated", "mean_bits",
     "peak_memory_mb", "weight_bytes", "dense_weight_bytes", "compressed_weight_bytes",
@@ -99,6 +105,7 @@ class TrialResult:
     fallbacks: int = 0
     compile_capped: int = 0
     metric_name: str = "accuracy"
+    higher_is_better: bool = True
     machine: Mapping[str, str] = field(default_factory=dict)  # `Machine.columns()` of where it was measured
     table: TeSATable | None = field(default=None, repr=False, compare=False)
     compile_report: pd.DataFrame | None = field(default=None, repr=False, compare=False)
@@ -117,7 +124,8 @@ class TrialResult:
         out = {name: getattr(self, name) for name in METRIC_FIELDS}
         out["kernel_choices"], out["fallbacks"] = self.kernel_choices, int(self.fallbacks)
         out["compile_capped"] = int(self.compile_capped)
-        out["metric_name"] = self.metric_name
+        out["metric_name"], out["higher_is_better"] = self.metric_name, bool(self.higher_is_better)
+        out["quality"] = quality(self.accuracy, self.higher_is_better, self.dense_accuracy)
         return out
 
     def as_row(self) -> dict[str, Any]:
@@ -167,6 +175,9 @@ def resolved_batch(params: TrialParams) -> int | None:
 
     if params.batch is not None:
         return params.batch
-    if not is_reference(params.workload):  # built-in: no need to build the model to know
-        return get_spec(params.workload).default_batch
+    if not is_reference(params.workload):  # a zoo model: no need to build the model to know
+        try:
+            return get_spec(params.workload).default_batch
+        except ConfigError:  # a registered workload of its own (the LLMs): loaded once per process
+            pass
     return load_workload(params.workload).default_batch

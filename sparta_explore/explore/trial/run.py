@@ -91,7 +91,7 @@ def trial_result(setup: TrialSetup, compressed: Compressed, tuned: FineTuned, ca
     from sparta_explore.machine import this_machine
 
     _, mean_bits, packed = weight_stats(calibrated.propagation.table, setup.weights())
-    base, mine, cm = measured.dense, measured.compiled, compiled.model
+    base, mine, cm = measured.dense, measured.compiled, compiled.info
     choices, fallbacks = kernel_choices(cm.report)
     return TrialResult(
         params=setup.params, accuracy=measured.metric, finetuned_accuracy=tuned.metric,
@@ -103,6 +103,7 @@ def trial_result(setup: TrialSetup, compressed: Compressed, tuned: FineTuned, ca
         dense_weight_bytes=base.weight_bytes, compressed_weight_bytes=packed, max_error=float(cm.max_error),
         runs=setup.runs, threads=mine.threads, compile_s=compiled.seconds, wall_s=wall_s, kernel_choices=choices,
         fallbacks=fallbacks, compile_capped=cm.capped, metric_name=setup.workload.metric_name,
+        higher_is_better=setup.workload.higher_is_better,
         machine=this_machine(int(mine.threads)).columns(), table=calibrated.propagation.table,
         compile_report=cm.report)
 

@@ -37,6 +37,7 @@ from sparta_explore.workload import Workload, load_workload
 
 if TYPE_CHECKING:  # the compiler and propagation load when their stage runs, not at import
     from sparta_explore.compile.compiled_model import CompiledModel
+    from sparta_explore.compile.inplace import InPlaceCompile
     from sparta_explore.measure import Measurement
     from sparta_explore.propagation.report import PropagationResult
 
@@ -127,11 +128,22 @@ class Calibrated:
 
 @dataclass(frozen=True)
 class Compiled:
-    """What `compile_stage` returns: the compiled model, the graph it was timed on, and how long compile took."""
+    """What `compile_stage` returns: the compiled model, the graph it was timed on, and how long compile took.
 
-    model: CompiledModel
+    `model` is a `CompiledModel`, or for a workload compiled in place (`Workload.compile_inplace`)
+    a copy of the calibrated model holding the kernels; `info` is what compile reported either way.
+    """
+
+    model: CompiledModel | nn.Module
     timing_graph: Graph
     seconds: float
+
+    @property
+    def info(self) -> CompiledModel | InPlaceCompile:
+        """The compile's report, checks, max_error and capped: the `CompiledModel`, or the model's `sparta_compiled`."""
+        from sparta_explore.compile.inplace import ATTRIBUTE
+
+        return getattr(self.model, ATTRIBUTE, self.model)
 
 
 @dataclass(frozen=True)
@@ -298,20 +310,27 @@ def _with_calibrated_bits(user: Mapping[str, Any] | None, calibrated: TeSATable)
 def compile_stage(setup: TrialSetup, calibrated: Calibrated) -> Compiled:
     """Compile the calibrated model on a graph captured at the latency batch (verified against both tables).
 
+    A workload with `compile_inplace` gets a copy of the calibrated model compiled in place
+    instead (its metric runs other shapes than the timed ones); the calibrated model stays as it is.
+
     Example:
-        >>> compile_stage(setup, calibrated).model.checks  # doctest: +SKIP
+        >>> compile_stage(setup, calibrated).info.checks  # doctest: +SKIP
     """
     from sparta_explore.compile import compile as compile_model
     from sparta_explore.graph import capture
 
     start = time.perf_counter()
-    inputs = setup.workload.timing_inputs(setup.params.batch or setup.workload.default_batch)
-    graph = capture(calibrated.model, inputs, **dict(setup.workload.capture))
-    compiled = compile_model(graph, calibrated.propagation, config=setup.compile_config)
+    w = setup.workload
+    inputs = w.timing_inputs(setup.params.batch or w.default_batch)
+    config, model = setup.compile_config, calibrated.model
+    if w.compile_inplace:
+        config, model = config.with_options(inplace=True), copy.deepcopy(model)
+    graph = capture(model, inputs, **dict(w.capture))
+    compiled = Compiled(compile_model(graph, calibrated.propagation, config=config), graph, 0.0)
     seconds = time.perf_counter() - start
-    checks = ", ".join(f"{r.check} {r.error:.2g}" for r in compiled.checks.itertuples())
-    setup.say(f"compiled in {seconds:.1f} s, checks: {checks}")
-    return Compiled(compiled, graph, seconds)
+    checks = ", ".join(f"{r.check} {r.error:.2g}" for r in compiled.info.checks.itertuples())
+    setup.say(f"compiled{' in place' if w.compile_inplace else ''} in {seconds:.1f} s, checks: {checks}")
+    return Compiled(compiled.model, graph, seconds)
 
 
 def measure(setup: TrialSetup, calibrated: Calibrated, compiled: Compiled) -> Measured:

@@ -16,6 +16,8 @@ Both are `causal_lm_workload`:
   latency inputs: `batch` consecutive prompts of the evaluation text (prefill);
 * prunable: every Linear in the decoder layers (q/k/v/o and gate/up/down projections); the
   embeddings and the tied `lm_head` stay dense. No training (`can_train` is False).
+* a trial compiles it in place (`compile_inplace`): perplexity runs windows of `seq_len`
+  tokens, longer than the timed prompts, through the model's own modules and their kernels.
 
 Example:
     >>> w = smollm2_tiny_workload()   # or load_workload("smollm2-tiny")
@@ -89,7 +91,7 @@ def causal_lm_workload(name: str, model: nn.Module | Callable[[], nn.Module], to
         metric=lambda m: perplexity(m, evaluation, batch_size=METRIC_BATCH), metric_name="perplexity",
         higher_is_better=False, latency_inputs=latency_inputs, default_batch=default_batch,
         validation_metric=lambda m: perplexity(m, validation, batch_size=METRIC_BATCH),
-        calibration_inputs=(calibration,), prunable=prunable, head="lm_head",
+        calibration_inputs=(calibration,), prunable=prunable, head="lm_head", compile_inplace=True,
         description=f"{description}; perplexity on {eval_windows} windows of {seq_len} tokens of {text_source()}")
 
 
