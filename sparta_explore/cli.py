@@ -202,6 +202,8 @@ def _sweep_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bits", type=bits, nargs="+", default=[32, 8], help="32 (fp32) or 2..8 (integer kernels)")
     p.add_argument("--scope", nargs="+", default=["layer"], help="layer and/or global sparsity")
     p.add_argument("--quantizer", default="uniform", help="quantizer for bits < 32")
+    p.add_argument("--act-bits", type=bits, nargs="+", default=None,
+                   help="inputs' widths (default: as --bits; 32 = weight-only, as gptq needs)")
     p.add_argument("--calibrate", action="store_true", help="lower bits further by distillation calibration")
     p.add_argument("--finetune-epochs", type=non_negative_int, default=1, help="epochs of mask-respecting fine-tuning")
     p.add_argument("--batch", type=positive_int, default=None, help="latency batch (default: the model's)")
@@ -233,6 +235,8 @@ def _sweep(args: argparse.Namespace) -> int:
                 "sparsity": args.sparsity, "bits": args.bits, "quantizer": args.quantizer,
                 "calibrate": args.calibrate, "finetune_epochs": args.finetune_epochs, "batch": args.batch,
                 "objective": args.objective, "target": args.target, "seed": args.seed}
+        if args.act_bits is not None:
+            grid["act_bits"] = args.act_bits
     for ref in sorted({p.workload for p in expand_grid(grid)}):  # every point checked before any trial runs
         load_workload(ref, cache_dir=args.cache_dir)  # a workload that does not import fails now, in one line
     kwargs: dict[str, object] = {"cache_dir": args.cache_dir, "runs": args.runs}
@@ -252,8 +256,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _print_results(df: pd.DataFrame) -> None:
-    cols = ["workload", "pruner", "block", "sparsity", "bits", "accuracy", "latency_ms", "dense_latency_ms",
-            "speedup", "flops_ratio", "score"]
+    cols = ["workload", "pruner", "block", "sparsity", "bits", "metric_name", "accuracy", "latency_ms",
+            "dense_latency_ms", "speedup", "flops_ratio", "score"]
     print(df[[c for c in cols if c in df.columns]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
 
 

@@ -97,6 +97,23 @@ def test_sweep_resumes_then_plot_and_report(cache_dir, device, tmp_path, capsys)
     assert "0.9 x the dense cost" in (tmp_path / "r.md").read_text()
 
 
+def test_the_llm_compressors_run_from_the_command_line_and_the_pick_exports(cache_dir, device, tmp_path, capsys):
+    pytest.importorskip("transformers")
+    out = tmp_path / "llm"
+    assert main(["sweep", "--workload", "smollm2-tiny", "--pruner", "sparsegpt", "--sparsity", "0.5", "--block",
+                 "none", "--bits", "32", "4", "--act-bits", "32", "--quantizer", "gptq", "--finetune-epochs", "0",
+                 "--runs", "3", "--cache-dir", str(cache_dir), "--quick-profile", "--out", str(out),
+                 "--no-progress"]) == 0
+    rows = pd.read_csv(out / "results.csv")
+    assert sorted(rows["bits"]) == [4, 32] and set(rows["metric_name"]) == {"perplexity"}
+    assert "lower-is-better" in (out / "report.md").read_text()
+    worst = float(rows["accuracy"].max())
+    capsys.readouterr()
+    assert main(["export", str(out), "--best", "--min-accuracy", str(worst), "--runs", "3", "--cache-dir",
+                 str(cache_dir), "--out", str(tmp_path / "pick.sparta")]) == 0
+    assert "perplexity" in capsys.readouterr().out and (tmp_path / "pick.sparta").is_file()
+
+
 def test_plot_and_report_of_missing_results_are_one_line(tmp_path, capsys):
     assert main(["plot", str(tmp_path / "nothing")]) == 2
     assert "no results at" in capsys.readouterr().err
