@@ -46,7 +46,9 @@ class GPTQConfig:
 
     `sym` puts the zero point mid-grid (codes read as signed ints); else each grid fits its
     min..max (unsigned codes with a zero point). `damp` (x mean diag H) keeps H invertible;
-    `samples` is how many calibration samples to use (None: all).
+    `samples` is how many calibration samples to use (None: all). `true_sequential`: within
+    a block, each group of linears reading one input (q/k/v, o, gate/up, down) is calibrated
+    with the groups before it already quantized (`oneshot.calibrate_sequentially`).
 
     Example:
         >>> GPTQConfig(bits=4, group_size=128).group_size
@@ -62,6 +64,7 @@ class GPTQConfig:
     sym: bool = False
     mse: bool = False
     act_order: bool = False
+    true_sequential: bool = False
     damp: float = 0.01
     blocksize: int = 128
     keep_mask: bool = True
@@ -124,7 +127,8 @@ def gptq_quantize(model: nn.Module, config: GPTQConfig, calibration: Any) -> dic
     def sweep(name: str, weight: torch.Tensor, hessian: torch.Tensor) -> GPTQResult:
         return gptq_quantize_layer(weight, hessian, config, name)
 
-    return obs_sequentially(model, samples, layers, sweep, dtype=hessian_dtype(config.hessian_dtype), desc="gptq")
+    return obs_sequentially(model, samples, layers, sweep, dtype=hessian_dtype(config.hessian_dtype), desc="gptq",
+                            true_sequential=config.true_sequential)
 
 
 def gptq_configs(request: QuantRequest, model: nn.Module) -> list[GPTQConfig]:

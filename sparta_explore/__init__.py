@@ -33,8 +33,10 @@ _LAZY_SUBMODULES = ("pruners", "quantizers", "kernels", "zoo", "cli", "compile",
                     "explore")
 
 
-# Functions of stages loaded on first use: se.load("model.sparta"), se.save(cm, "model.sparta")
-_LAZY_FUNCTIONS = {"load": "sparta_explore.compile.package.load", "save": "sparta_explore.compile.package.save"}
+# Functions of stages loaded on first use: se.load("model.sparta"), se.save(cm, "model.sparta"),
+# se.quantized_copy(model, table, x) (the model a table with bits describes)
+_LAZY_FUNCTIONS = {"load": "sparta_explore.compile.package.load", "save": "sparta_explore.compile.package.save",
+                   "quantized_copy": "sparta_explore.compile.quantized_copy"}
 
 
 def __getattr__(name: str) -> Any:

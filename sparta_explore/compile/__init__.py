@@ -23,9 +23,10 @@ from typing import Any
 from sparta_explore.callable_module import make_callable
 from sparta_explore.compile.config import CompileConfig
 
-_LAZY = {"compile": "pipeline", "CompiledModel": "compiled_model", "CompileWarning": "choose"}
+_LAZY = {"compile": "pipeline", "CompiledModel": "compiled_model", "CompileWarning": "choose",
+         "quantized_copy": "quantized_copy"}
 
-__all__ = ["CompileConfig", "CompileWarning", "CompiledModel", "compile"]
+__all__ = ["CompileConfig", "CompileWarning", "CompiledModel", "compile", "quantized_copy"]
 
 
 def __getattr__(name: str) -> Any:

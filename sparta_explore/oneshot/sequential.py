@@ -8,10 +8,16 @@ The flow every one-shot compressor (Wanda, SparseGPT, GPTQ, OWL's outlier pass) 
    runs again so the next block sees the compressed block's outputs.
 
 Only one block's inputs are held at a time, never the whole model's activations.
+
+`true_sequential` (GPTQ's ``--true-sequential``) splits step 2 within a block: its linears
+are grouped by the input they read, in call order (a Llama block: q/k/v, then o, then
+gate/up, then down), and each group is calibrated on the block run with the groups before
+it already compressed. Each such run stops once the group's last linear has run.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -50,34 +56,80 @@ def layers_by_block(model: nn.Module, layers: Mapping[str, nn.Module]) -> list[d
     return [{n: m for n, m in layers.items() if inside(n, b)} for b in blocks]
 
 
+class _GroupDone(Exception):
+    """Raised by the last linear of a group once it has run: the rest of the block is not needed."""
+
+
 def _gather(block: nn.Module, inputs: Sequence[BlockInput], layers: Mapping[str, nn.Module],
-            make_statistic: StatisticFn) -> dict[str, Any]:
+            make_statistic: StatisticFn, *, stop_after: str | None = None) -> dict[str, Any]:
     stats = {name: make_statistic(name, layer) for name, layer in layers.items()}
 
     def hook_for(name: str) -> Callable[..., None]:
         def record(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             stats[name].add(args[0])
+            if name == stop_after:
+                raise _GroupDone
         return record
 
     handles = [layer.register_forward_hook(hook_for(name)) for name, layer in layers.items()]
     try:
         for inp in inputs:
-            block(*inp.args, **inp.kwargs)
+            with contextlib.suppress(_GroupDone):  # the group's last linear ran: the rest is not needed
+                block(*inp.args, **inp.kwargs)
     finally:
         for h in handles:
             h.remove()
     return stats
 
 
+def input_groups(block: nn.Module, sample: BlockInput, layers: Mapping[str, nn.Module]) -> list[dict[str, nn.Module]]:
+    """`layers` of `block` grouped by the input tensor they read, in the order the block calls them.
+
+    Consecutive calls on one tensor form a group (a Llama block: q/k/v, o, gate/up, down).
+    If the block does not call every layer on `sample`, all of them form one group.
+
+    Example:
+        >>> groups = input_groups(llama.model.layers[0], inputs[0], own)   # doctest: +SKIP
+        >>> [list(g) for g in groups][0]                                    # doctest: +SKIP
+        ['model.layers.0.self_attn.q_proj', 'model.layers.0.self_attn.k_proj', 'model.layers.0.self_attn.v_proj']
+    """
+    calls: list[tuple[str, Any]] = []  # (name, its input): the inputs are held, so no two alive share an id
+
+    def hook_for(name: str) -> Callable[..., None]:
+        def record(module: nn.Module, args: tuple[Any, ...]) -> None:
+            if all(name != n for n, _ in calls):
+                calls.append((name, args[0]))
+        return record
+
+    handles = [layer.register_forward_pre_hook(hook_for(name)) for name, layer in layers.items()]
+    try:
+        block(*sample.args, **sample.kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    if len(calls) != len(layers):
+        return [dict(layers)]
+    groups: list[dict[str, nn.Module]] = []
+    previous = None
+    for name, x in calls:
+        if previous is None or x is not previous:
+            groups.append({})
+        groups[-1][name] = layers[name]
+        previous = x
+    return groups
+
+
 def calibrate_sequentially(model: nn.Module, samples: Sequence[CalibrationSample], layers: Mapping[str, nn.Module],
-                           make_statistic: StatisticFn, compress: CompressFn, *, desc: str = "one-shot") -> None:
+                           make_statistic: StatisticFn, compress: CompressFn, *, desc: str = "one-shot",
+                           true_sequential: bool = False) -> None:
     """Run `compress` on each block's `layers`, in order, each calibrated on the compressed blocks' outputs.
 
     `make_statistic(name, layer)` builds what a layer's inputs accumulate into (an
     `InputHessian`, `InputChannelNorms`); `compress(index, block_layers, statistics)`
     changes the block's weights and may return an undo, run once the block's outputs are
     computed. Blocks without a selected layer are only run. The model runs in eval mode,
-    without gradients; its train/eval mode is restored afterwards.
+    without gradients; its train/eval mode is restored afterwards. `true_sequential`: see
+    the module docstring (each group's undo waits for the block's outputs too).
 
     Example:
         >>> def stat(name, layer): return InputHessian(layer.in_features)
@@ -93,16 +145,19 @@ def calibrate_sequentially(model: nn.Module, samples: Sequence[CalibrationSample
             bar = tqdm(list(enumerate(blocks)), desc=desc, unit="block", leave=False, disable=None)
             for index, (_, block) in bar:
                 own = grouped[index]
-                undo = None
-                if own:
-                    stats = _gather(block, inputs, own, make_statistic)
-                    undo = compress(index, own, stats)
+                undos = []
                 try:
+                    parts = input_groups(block, inputs[0], own) if own and true_sequential else [own] if own else []
+                    for part in parts:
+                        stats = _gather(block, inputs, part, make_statistic,
+                                        stop_after=list(part)[-1] if true_sequential else None)
+                        undos.append(compress(index, part, stats))
                     if index + 1 < len(blocks):
                         inputs = [inp.with_hidden(block_output(block, inp)) for inp in inputs]
                 finally:
-                    if undo is not None:
-                        undo()
+                    for undo in undos:
+                        if undo is not None:
+                            undo()
     finally:
         model.train(was_training)
 
@@ -119,7 +174,7 @@ def statistic_columns(layer: nn.Module) -> int:
 
 def obs_sequentially(model: nn.Module, samples: Sequence[CalibrationSample], layers: Mapping[str, nn.Module],
                      sweep: Callable[[str, torch.Tensor, torch.Tensor], OBSResult], *, dtype: torch.dtype,
-                     desc: str) -> dict[str, OBSResult]:
+                     desc: str, true_sequential: bool = False) -> dict[str, OBSResult]:
     """`calibrate_sequentially` with input Hessians: each layer's weight replaced by `sweep(name, W, H)`'s.
 
     SparseGPT and GPTQ differ only in the sweep (`obs_compress`'s arguments); per layer, its result.
@@ -140,5 +195,6 @@ def obs_sequentially(model: nn.Module, samples: Sequence[CalibrationSample], lay
     def statistic(name: str, layer: nn.Module) -> InputHessian:
         return InputHessian(weight_matrix(layer).shape[1], dtype, device=layer.weight.device)
 
-    calibrate_sequentially(model, samples, layers, statistic, compress_block, desc=desc)
+    calibrate_sequentially(model, samples, layers, statistic, compress_block, desc=desc,
+                           true_sequential=true_sequential)
     return results

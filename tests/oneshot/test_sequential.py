@@ -102,3 +102,49 @@ def test_layer_selection_errors_name_the_layer(tiny_llama, kwargs, message):
     model = tiny_llama()
     with pytest.raises(ConfigError, match=message):
         select_linears(model, [b for b, _ in find_blocks(model)], **kwargs)
+
+
+def test_a_llama_block_groups_its_linears_by_the_input_they_read(tiny_llama, calib_ids):
+    from sparta_explore.oneshot.sequential import input_groups
+
+    model = tiny_llama()
+    blocks = find_blocks(model)
+    inputs = capture_block_inputs(model, blocks[0][1], calibration_samples(calib_ids, 1))
+    own = select_linears(model, ["model.layers.0"])
+    with torch.no_grad():
+        groups = input_groups(blocks[0][1], inputs[0], own)
+    assert [[n.split(".")[-1] for n in g] for g in groups] == [["q_proj", "k_proj", "v_proj"], ["o_proj"],
+                                                               ["gate_proj", "up_proj"], ["down_proj"]]
+
+
+@pytest.mark.parametrize("true_sequential", [False, True])
+def test_true_sequential_calibrates_each_group_after_the_groups_before_it(tiny_llama, calib_ids, true_sequential):
+    samples = calibration_samples(calib_ids, 4)
+    model = tiny_llama()
+    layers = select_linears(model, ["model.layers.0"])
+    seen: dict[str, torch.Tensor] = {}
+
+    def statistic(name, layer):
+        return InputHessian(layer.in_features, torch.float64)
+
+    def halve(index, own, stats):  # a stand-in compressor: every linear it is given shrinks
+        for name, layer in own.items():
+            seen[name] = stats[name].hessian
+            layer.weight.data *= 0.5
+
+    calibrate_sequentially(model, samples, layers, statistic, halve, true_sequential=true_sequential)
+    # what each linear reads in a full forward with the groups before it halved (true sequential), or none
+    before = {"self_attn.q_proj": (), "self_attn.o_proj": ("q_proj", "k_proj", "v_proj"),
+              "mlp.down_proj": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj")}
+    for name, halved in before.items():
+        fresh = tiny_llama()
+        for short in halved if true_sequential else ():
+            fresh.get_submodule(next(n for n in layers if n.endswith(short))).weight.data *= 0.5
+        linear = fresh.get_submodule(f"model.layers.0.{name}")
+        direct = InputHessian(linear.in_features, torch.float64)
+        handle = linear.register_forward_hook(lambda m, a, o, d=direct: d.add(a[0]))
+        with torch.no_grad():
+            for i in range(4):
+                fresh(calib_ids[i:i + 1])
+        handle.remove()
+        assert torch.allclose(seen[f"model.layers.0.{name}"], direct.hessian, rtol=1e-6, atol=1e-9), name
