@@ -55,49 +55,33 @@ GPTQ 4-bit and llama.cpp Q8_0 and Q4_K_M (~10 min on 2 cores). Progress goes to 
 from __future__ import annotations
 
 import argparse
-import copy
 import csv
 import math
 import os
-import statistics
 import subprocess
-import sys
 import tempfile
-import time
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import torch
+from llm_ours import MAGNITUDE_50, SPARSEGPT_50_GPTQ_4, Row, compile_row, compress, log, recipes, time_ours
 from llm_peer import QUANT_TYPES, LlamaCppPeer  # this script's folder is on sys.path
 from llm_report import (
     COMPILED,
     DENSE,
     GPTQ_4,
     GPTQ_8,
-    GPTQ_GROUP,
     SPARSEGPT_24,
     SPARSEGPT_50,
     WANDA_24,
     WANDA_50,
-    LinearWeights,
-    decode_tok_s,
     goal_lines,
-    weights_bytes,
 )
-from torch import nn
 
-import sparta_explore as se
-from sparta_explore.compile.config import CompileConfig
 from sparta_explore.device import cpu_model
 from sparta_explore.kernels import cpu_flags
-from sparta_explore.pruners import SparseGPTConfig, WandaConfig, masks_to_table, prune, wanda_keep
-from sparta_explore.quantizers import GPTQConfig, quantize
-from sparta_explore.tesa_table import TeSATable
 from sparta_explore.zoo.llm import (
     GGUF_FILE,
     cut_windows,
@@ -112,156 +96,11 @@ from sparta_explore.zoo.llm import (
 HERE = Path(__file__).resolve().parent
 FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni")
 SEQ_LEN, PROMPT_LEN, METRIC_BATCH = 512, 128, 4
-MAGNITUDE_50, SPARSEGPT_50_GPTQ_4 = "magnitude-50%", f"sparsegpt-50%+gptq-w4g{GPTQ_GROUP}"
 OURS = (DENSE, MAGNITUDE_50, WANDA_50, SPARSEGPT_50, WANDA_24, SPARSEGPT_24, GPTQ_8, GPTQ_4, SPARSEGPT_50_GPTQ_4)
 COMPILE_ROWS = (WANDA_50, SPARSEGPT_50, SPARSEGPT_50_GPTQ_4)
 PEER = "llama.cpp-"
 QUICK_OURS, QUICK_PEER = (DENSE, WANDA_50, SPARSEGPT_50, GPTQ_4), ("Q8_0", "Q4_K_M")
 COLUMNS = ("model", "runtime", "perplexity", "x_dense_ppl", "calib_s", "weights_MB", "prefill_ms", "decode_tok_s")
-START = time.monotonic()
-
-
-def log(message: str) -> None:
-    print(f"[{datetime.now():%H:%M:%S} +{time.monotonic() - START:5.0f}s] {message}", file=sys.stderr, flush=True)
-
-
-@dataclass(frozen=True)
-class Step:
-    """One compressor run on the model: "magnitude" (config: the sparsity), "wanda", "sparsegpt" or "gptq"."""
-
-    kind: str
-    config: Any
-
-
-def recipes(linears: tuple[str, ...]) -> dict[str, tuple[Step, ...]]:
-    """Each of our rows as the compressors it runs, in order, on a fresh copy of the dense model."""
-    ops = {"op_names": linears, "samples": None}  # every calibration window given
-    sparsegpt_50 = Step("sparsegpt", SparseGPTConfig(0.5, **ops))
-    gptq = {"group_size": GPTQ_GROUP, "act_order": True, "mse": True, **ops}  # GPTQ's own best settings
-    gptq_4 = Step("gptq", GPTQConfig(4, **gptq))
-    return {DENSE: (), MAGNITUDE_50: (Step("magnitude", 0.5),), WANDA_50: (Step("wanda", WandaConfig(0.5, **ops)),),
-            SPARSEGPT_50: (sparsegpt_50,), WANDA_24: (Step("wanda", WandaConfig(nm=(2, 4), **ops)),),
-            SPARSEGPT_24: (Step("sparsegpt", SparseGPTConfig(nm=(2, 4), **ops)),),
-            GPTQ_8: (Step("gptq", GPTQConfig(8, **gptq)),), GPTQ_4: (gptq_4,),
-            SPARSEGPT_50_GPTQ_4: (sparsegpt_50, gptq_4)}
-
-
-@dataclass
-class Row:
-    """One line of the table; `model` is ours (None for llama.cpp), timed after every row is compressed."""
-
-    name: str
-    runtime: str
-    ppl: float = math.nan
-    calib_s: float = math.nan
-    weights_mb: float = math.nan
-    prefill_ms: float = math.nan
-    decode_tok_s: float = math.nan
-    notes: list[str] = field(default_factory=list)
-    model: nn.Module | None = None
-    table: TeSATable | None = None
-
-
-def magnitude_masks(model: nn.Module, sparsity: float, linears: tuple[str, ...]) -> dict[str, dict[str, torch.Tensor]]:
-    """Keep the largest |W| of each output row: the baseline before calibration-based pruners."""
-    return {name: {"weight": wanda_keep(model.get_submodule(name).weight.detach().abs(), sparsity).float()}
-            for name in linears}
-
-
-@contextmanager
-def block_progress(model: nn.Module, label: str, every_s: float = 20.0) -> Iterator[None]:
-    """Log the decoder layer a compressor has reached (block by block calibration), at most every `every_s`."""
-    layers = model.model.layers
-    last = {"index": -1, "at": time.monotonic()}
-
-    def reached(index: int) -> Callable[..., None]:
-        def hook(module: nn.Module, args: Any) -> None:
-            if index > last["index"] and time.monotonic() - last["at"] >= every_s:
-                log(f"{label}: block {index + 1}/{len(layers)}")
-                last["at"] = time.monotonic()
-            last["index"] = max(last["index"], index)
-        return hook
-
-    handles = [layer.register_forward_pre_hook(reached(i)) for i, layer in enumerate(layers)]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-def compress(dense: nn.Module, steps: tuple[Step, ...], calib: torch.Tensor, linears: tuple[str, ...]) -> Row:
-    """A fresh copy of `dense` through `steps`: the model, its table (pruned rows), calib_s and weights_MB."""
-    model, table, bits, group = copy.deepcopy(dense) if steps else dense, None, 32, None
-    start = time.perf_counter()
-    for step in steps:
-        with block_progress(model, step.kind):
-            if step.kind == "gptq":  # its table says 4-bit grids of 128 (`TeSA.group`): the model holds their values
-                bits_table = quantize(model, step.config, "gptq", evaluator=calib)
-                table = bits_table if table is None else table.merge(bits_table)
-                bits, group = step.config.bits, step.config.group_size
-            else:
-                table = (masks_to_table(model, magnitude_masks(model, step.config, linears))
-                         if step.kind == "magnitude" else prune(model, step.config, pruner=step.kind, evaluator=calib))
-                se.apply_table(model, table)  # Wanda and magnitude leave the weights as they were; SparseGPT zeroed
-    row = Row("", "torch-eager", calib_s=time.perf_counter() - start if steps else math.nan, model=model, table=table)
-    weights = [model.get_submodule(name).weight for name in linears]
-    kept = [int(table[f"{name}.weight"].kept.sum()) if table is not None else w.numel()
-            for name, w in zip(linears, weights)]
-    names = set(linears)
-    others = sum(p.numel() for n, p in model.named_parameters() if n.removesuffix(".weight") not in names)
-    row.weights_mb = 1e-6 * weights_bytes([LinearWeights(*w.shape, k) for w, k in zip(weights, kept)], others, bits,
-                                          group)
-    return row
-
-
-def compile_row(row: Row, prompt: torch.Tensor) -> Row:
-    """A copy of the pruned `row` compiled in place on the prompt (the table propagated first)."""
-    model, inputs = copy.deepcopy(row.model), {"input_ids": prompt}
-    start = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        se.compile(model, se.run_propagation(se.capture(model, inputs), row.table), inputs,
-                   config=CompileConfig(inplace=True))
-    report = model.sparta_compiled
-    runs = (report.guard or {}).get("runs", "compiled")
-    notes = [f"compiled in {time.perf_counter() - start:.0f} s: {len(report.swapped)} linears hold kernels",
-             f"guard runs {runs}" if runs != "compiled" else "guard kept the kernels"]
-    return Row(row.name + COMPILED, "torch+kernels", calib_s=row.calib_s, weights_mb=row.weights_mb, notes=notes,
-               model=model)
-
-
-def _timed(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def time_ours(rows: list[Row], prompt: torch.Tensor, new: int, repeats: int, pad: int) -> None:
-    """prefill_ms and decode_tok_s of every row with a model, the rows interleaved in each of `repeats` rounds."""
-    mask = torch.ones_like(prompt)
-
-    def generate(m: nn.Module, n: int) -> Any:
-        return m.generate(prompt, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                          pad_token_id=pad)
-
-    times: dict[str, dict[str, list[float]]] = {r.name: {"prefill": [], "n": [], "1": []} for r in rows}
-    with torch.inference_mode(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for row in rows:  # warm-up: first calls fault pages in and size buffers
-            row.model(prompt, use_cache=True, logits_to_keep=1)
-            generate(row.model, 2)
-        for turn in range(repeats):
-            log(f"timing round {turn + 1}/{repeats}: prefill and generate of {len(rows)} models")
-            for row in rows:
-                m, t = row.model, times[row.name]
-                t["prefill"].append(_timed(lambda m=m: m(prompt, use_cache=True, logits_to_keep=1)))
-                t["n"].append(_timed(lambda m=m: generate(m, new)))
-                t["1"].append(_timed(lambda m=m: generate(m, 1)))
-    for row in rows:
-        t = times[row.name]
-        row.prefill_ms = 1e3 * statistics.median(t["prefill"])
-        row.decode_tok_s = decode_tok_s(statistics.median(t["n"]), statistics.median(t["1"]), new)
 
 
 def peer_rows(args: argparse.Namespace, types: list[str], windows: torch.Tensor,
