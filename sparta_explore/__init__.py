@@ -34,9 +34,10 @@ _LAZY_SUBMODULES = ("pruners", "quantizers", "kernels", "zoo", "cli", "compile",
 
 
 # Functions of stages loaded on first use: se.load("model.sparta"), se.save(cm, "model.sparta"),
-# se.quantized_copy(model, table, x) (the model a table with bits describes)
+# se.quantized_copy(model, table, x) (the model a table with bits describes), se.generate(llama, ids, n)
 _LAZY_FUNCTIONS = {"load": "sparta_explore.compile.package.load", "save": "sparta_explore.compile.package.save",
-                   "quantized_copy": "sparta_explore.compile.quantized_copy"}
+                   "quantized_copy": "sparta_explore.compile.quantized_copy",
+                   "generate": "sparta_explore.compile.llama_step"}
 
 
 def __getattr__(name: str) -> Any:

@@ -198,6 +198,7 @@ def _logs(directory: Path, sshd: Sshd) -> str:
     return f"{text}\n--- sshd ---\n{sshd.log.read_text()[-1500:]}"
 
 
+@pytest.mark.slow  # 80 s: a real sshd and NNI's remote training service (make test-slow)
 def test_remote_training_service_runs_trials_over_ssh(remote_config: Path, sshd: Sshd) -> None:
     try:
         outcome = run_experiment(ExperimentRun(remote_config, timeout_s=400, poll_s=1.0, stall_s=90), echo=None)

@@ -1,0 +1,176 @@
+"""Greedy decoding of a Llama without Hugging Face's per-token machinery: `generate(model, input_ids, n)`.
+
+Hugging Face's `generate` spends most of a small model's token on Python: cache objects,
+masks, logits processors, one module call at a time through several wrappers. `LlamaStep`
+runs the same arithmetic directly: the model's own modules (so kernels an in-place compile
+put there run), one preallocated KV cache per layer, the rotary table computed once by the
+model's own `rotary_emb`, and `scaled_dot_product_attention` (grouped-query heads included).
+
+The tokens equal `model.generate(..., do_sample=False)`'s greedy tokens (a test holds it
+to that on the tiny Llama); a sequence that emits the end-of-sequence token is padded after
+it, as Hugging Face does. A model that is not a Llama-pattern causal LM, a batch with
+padding (an `attention_mask` with zeros) or sampling is not this path: `generate` runs
+the model's own `generate` instead and warns once, naming why.
+
+Example:
+    >>> out = generate(llama, prompt_ids, max_new_tokens=32)                # doctest: +SKIP
+    >>> torch.equal(out, llama.generate(prompt_ids, max_new_tokens=32, do_sample=False))  # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sparta_explore.errors import ConfigError
+
+_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+_MLP = ("gate_proj", "up_proj", "down_proj", "act_fn")
+_LAYER = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
+
+
+def why_not_llama(model: nn.Module) -> str | None:
+    """Why `model` is not a Llama-pattern causal LM this step can run, or None.
+
+    Example:
+        >>> why_not_llama(nn.Linear(2, 2))
+        'Linear has no model.layers / model.embed_tokens / model.norm / model.rotary_emb / lm_head'
+    """
+    inner = getattr(model, "model", None)
+    parts = ("layers", "embed_tokens", "norm", "rotary_emb")
+    if inner is None or any(not hasattr(inner, p) for p in parts) or not hasattr(model, "lm_head"):
+        return (f"{type(model).__name__} has no model.layers / model.embed_tokens / model.norm / model.rotary_emb / "
+                "lm_head")
+    for i, layer in enumerate(inner.layers):
+        missing = [p for p in _LAYER if not hasattr(layer, p)]
+        missing += [f"self_attn.{p}" for p in _ATTENTION if not hasattr(getattr(layer, "self_attn", None), p)]
+        missing += [f"mlp.{p}" for p in _MLP if not hasattr(getattr(layer, "mlp", None), p)]
+        if missing:
+            return f"decoder layer {i} ({type(layer).__name__}) has no {', '.join(missing)}"
+        if getattr(getattr(layer, "self_attn", None), "sliding_window", None):
+            return f"decoder layer {i} attends over a sliding window"
+    return None
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaStep:
+    """A Llama's forward over new tokens with a preallocated KV cache of `max_len` positions (see the module docstring).
+
+    Example:
+        >>> step = LlamaStep(llama, max_len=160)          # doctest: +SKIP
+        >>> logits = step.forward(prompt_ids, start=0)    # doctest: +SKIP
+    """
+
+    def __init__(self, model: nn.Module, max_len: int) -> None:
+        why = why_not_llama(model)
+        if why is not None:
+            raise ConfigError(f"LlamaStep runs Llama-pattern causal LMs: {why}")
+        config = model.config
+        self.model, self.max_len = model, int(max_len)
+        self.layers = list(model.model.layers)
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.scale = float(getattr(self.layers[0].self_attn, "scaling", self.head_dim ** -0.5))
+        weight = model.model.embed_tokens.weight
+        with torch.no_grad():  # the model's own rotary embedding (its scaling type included), for every position once
+            cos, sin = model.model.rotary_emb(torch.zeros(1, self.max_len, self.head_dim, dtype=weight.dtype),
+                                              torch.arange(self.max_len)[None])
+        self.cos, self.sin = cos[0], sin[0]
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+
+    def reset(self, batch: int) -> None:
+        """Fresh, zeroed caches for `batch` sequences."""
+        dtype = self.model.model.embed_tokens.weight.dtype
+        shape = (batch, self.kv_heads, self.max_len, self.head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype) for _ in self.layers]
+        self.values = [torch.zeros(shape, dtype=dtype) for _ in self.layers]
+
+    def forward(self, ids: torch.Tensor, start: int) -> torch.Tensor:
+        """The last position's logits after the tokens `ids` (batch, t) at positions start .. start + t - 1."""
+        batch, t = ids.shape
+        if start + t > self.max_len:
+            raise ConfigError(f"LlamaStep: positions up to {start + t} do not fit its cache of {self.max_len}")
+        if t > 1 and start > 0:
+            raise ConfigError("LlamaStep: several new tokens after a prefix need a causal mask with an offset")
+        x = self.model.model.embed_tokens(ids)
+        cos, sin = self.cos[start:start + t][None, None], self.sin[start:start + t][None, None]
+        for i, layer in enumerate(self.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            h = layer.input_layernorm(x)
+            q = attn.q_proj(h).view(batch, t, self.heads, self.head_dim).transpose(1, 2)
+            k = attn.k_proj(h).view(batch, t, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = attn.v_proj(h).view(batch, t, self.kv_heads, self.head_dim).transpose(1, 2)
+            self.keys[i][:, :, start:start + t] = k * cos + _rotate_half(k) * sin
+            self.values[i][:, :, start:start + t] = v
+            o = F.scaled_dot_product_attention(q * cos + _rotate_half(q) * sin, self.keys[i][:, :, :start + t],
+                                               self.values[i][:, :, :start + t], is_causal=t > 1 and start == 0,
+                                               scale=self.scale, enable_gqa=self.heads != self.kv_heads)
+            x = x + attn.o_proj(o.transpose(1, 2).reshape(batch, t, -1))
+            h = layer.post_attention_layernorm(x)
+            x = x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
+        return self.model.lm_head(self.model.model.norm(x[:, -1:]))[:, -1]
+
+
+def _fallback_reason(model: nn.Module, attention_mask: torch.Tensor | None, kwargs: dict[str, Any]) -> str | None:
+    why = why_not_llama(model)
+    if why is not None:
+        return why
+    if attention_mask is not None and not bool(attention_mask.all()):
+        return "the attention mask pads some sequences"
+    if kwargs.get("do_sample"):
+        return "sampling is not implemented in the step (greedy only)"
+    extra = sorted(k for k in kwargs if k not in ("do_sample", "pad_token_id", "eos_token_id"))
+    return f"generation options {extra} are Hugging Face's" if extra else None
+
+
+@torch.inference_mode()
+def generate(model: nn.Module, input_ids: torch.Tensor, max_new_tokens: int, *,
+             attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+    """Greedy tokens of `model` after `input_ids` (batch, t): the prompt and up to `max_new_tokens` new tokens.
+
+    `pad_token_id` / `eos_token_id` default to the model's generation config; a sequence that
+    emits the end token is padded after it, and decoding stops once every sequence has. Other
+    cases run `model.generate` (see the module docstring).
+
+    Example:
+        >>> generate(llama, torch.tensor([[1, 2, 3]]), 4).shape   # doctest: +SKIP
+        torch.Size([1, 7])
+    """
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+        raise ConfigError(f"input_ids must be (batch, tokens) with at least one token, got {tuple(input_ids.shape)}")
+    why = _fallback_reason(model, attention_mask, kwargs)
+    if why is not None:
+        warnings.warn(f"generate: {why}: the model's own generate runs", stacklevel=2)
+        return model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, **kwargs)
+    config = getattr(model, "generation_config", None)
+    eos = kwargs.get("eos_token_id", getattr(config, "eos_token_id", None))
+    eos = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+    pad = kwargs.get("pad_token_id", getattr(config, "pad_token_id", None))
+    pad = pad if pad is not None else (min(eos) if eos else 0)
+    batch, t = input_ids.shape
+    step = LlamaStep(model, t + max_new_tokens)
+    step.reset(batch)
+    done = torch.zeros(batch, dtype=torch.bool)
+    ends = torch.tensor(sorted(eos), dtype=input_ids.dtype)
+    tokens = [input_ids]
+    logits = step.forward(input_ids, 0)
+    for position in range(t, t + max_new_tokens):
+        token = torch.where(done, torch.full_like(done, pad, dtype=input_ids.dtype), logits.argmax(-1))
+        tokens.append(token[:, None])
+        done |= torch.isin(token, ends)
+        if bool(done.all()) or position + 1 == t + max_new_tokens:
+            break
+        logits = step.forward(token[:, None], position)
+    return torch.cat(tokens, dim=1)
