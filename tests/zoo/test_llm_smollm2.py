@@ -77,3 +77,12 @@ def test_the_smollm2_workload_scores_the_reference_perplexity():
     model = w.dense_model()
     assert set(w.prunable_modules()) == set(llama_decoder_linears(NUM_LAYERS))
     assert w.evaluate(model) == pytest.approx(REFERENCE_PPL_16, abs=0.05)
+
+
+def test_se_generate_gives_smollm2s_own_greedy_tokens(smollm2):
+    import sparta_explore as se
+
+    model, tokenizer = smollm2
+    prompt = text_windows(tokenizer, "evaluation", count=1)[:, :48]
+    want = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=16, do_sample=False)
+    assert torch.equal(se.generate(model, prompt, 16), want)  # grouped-query heads, its rotary scaling, tied head
