@@ -37,7 +37,7 @@ _LAZY_SUBMODULES = ("pruners", "quantizers", "kernels", "zoo", "cli", "compile",
 # se.quantized_copy(model, table, x) (the model a table with bits describes), se.generate(llama, ids, n)
 _LAZY_FUNCTIONS = {"load": "sparta_explore.compile.package.load", "save": "sparta_explore.compile.package.save",
                    "quantized_copy": "sparta_explore.compile.quantized_copy",
-                   "generate": "sparta_explore.compile.llama_step"}
+                   "generate": "sparta_explore.compile.generate"}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,27 +1,19 @@
-"""Greedy decoding of a Llama without Hugging Face's per-token machinery: `generate(model, input_ids, n)`.
+"""A Llama's forward over new tokens through its own modules, with a preallocated KV cache: `LlamaStep`.
 
 Hugging Face's `generate` spends most of a small model's token on Python: cache objects,
 masks, logits processors, one module call at a time through several wrappers. `LlamaStep`
 runs the same arithmetic directly: the model's own modules (so kernels an in-place compile
 put there run), one preallocated KV cache per layer, the rotary table computed once by the
 model's own `rotary_emb`, and `scaled_dot_product_attention` (grouped-query heads included).
-
-The tokens equal `model.generate(..., do_sample=False)`'s greedy tokens (a test holds it
-to that on the tiny Llama); a sequence that emits the end-of-sequence token is padded after
-it, as Hugging Face does. A model that is not a Llama-pattern causal LM, a batch with
-padding (an `attention_mask` with zeros) or sampling is not this path: `generate` runs
-the model's own `generate` instead and warns once, naming why.
+It is the prompt's path of `generate` (`compile/generate.py`), and its decode path where
+the compiled step (`compile/decoder.py`) cannot run.
 
 Example:
-    >>> out = generate(llama, prompt_ids, max_new_tokens=32)                # doctest: +SKIP
-    >>> torch.equal(out, llama.generate(prompt_ids, max_new_tokens=32, do_sample=False))  # doctest: +SKIP
-    True
+    >>> step = LlamaStep(llama, max_len=160); step.reset(1)        # doctest: +SKIP
+    >>> logits = step.forward(prompt_ids, start=0)                 # doctest: +SKIP
 """
 
 from __future__ import annotations
-
-import warnings
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -119,58 +111,3 @@ class LlamaStep:
             h = layer.post_attention_layernorm(x)
             x = x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
         return self.model.lm_head(self.model.model.norm(x[:, -1:]))[:, -1]
-
-
-def _fallback_reason(model: nn.Module, attention_mask: torch.Tensor | None, kwargs: dict[str, Any]) -> str | None:
-    why = why_not_llama(model)
-    if why is not None:
-        return why
-    if attention_mask is not None and not bool(attention_mask.all()):
-        return "the attention mask pads some sequences"
-    if kwargs.get("do_sample"):
-        return "sampling is not implemented in the step (greedy only)"
-    extra = sorted(k for k in kwargs if k not in ("do_sample", "pad_token_id", "eos_token_id"))
-    return f"generation options {extra} are Hugging Face's" if extra else None
-
-
-@torch.inference_mode()
-def generate(model: nn.Module, input_ids: torch.Tensor, max_new_tokens: int, *,
-             attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
-    """Greedy tokens of `model` after `input_ids` (batch, t): the prompt and up to `max_new_tokens` new tokens.
-
-    `pad_token_id` / `eos_token_id` default to the model's generation config; a sequence that
-    emits the end token is padded after it, and decoding stops once every sequence has. Other
-    cases run `model.generate` (see the module docstring).
-
-    Example:
-        >>> generate(llama, torch.tensor([[1, 2, 3]]), 4).shape   # doctest: +SKIP
-        torch.Size([1, 7])
-    """
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ConfigError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
-    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
-        raise ConfigError(f"input_ids must be (batch, tokens) with at least one token, got {tuple(input_ids.shape)}")
-    why = _fallback_reason(model, attention_mask, kwargs)
-    if why is not None:
-        warnings.warn(f"generate: {why}: the model's own generate runs", stacklevel=2)
-        return model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, **kwargs)
-    config = getattr(model, "generation_config", None)
-    eos = kwargs.get("eos_token_id", getattr(config, "eos_token_id", None))
-    eos = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
-    pad = kwargs.get("pad_token_id", getattr(config, "pad_token_id", None))
-    pad = pad if pad is not None else (min(eos) if eos else 0)
-    batch, t = input_ids.shape
-    step = LlamaStep(model, t + max_new_tokens)
-    step.reset(batch)
-    done = torch.zeros(batch, dtype=torch.bool)
-    ends = torch.tensor(sorted(eos), dtype=input_ids.dtype)
-    tokens = [input_ids]
-    logits = step.forward(input_ids, 0)
-    for position in range(t, t + max_new_tokens):
-        token = torch.where(done, torch.full_like(done, pad, dtype=input_ids.dtype), logits.argmax(-1))
-        tokens.append(token[:, None])
-        done |= torch.isin(token, ends)
-        if bool(done.all()) or position + 1 == t + max_new_tokens:
-            break
-        logits = step.forward(token[:, None], position)
-    return torch.cat(tokens, dim=1)

@@ -30,7 +30,7 @@ from sparta_explore.oneshot.blocks import (
     weight_matrix,
 )
 from sparta_explore.oneshot.calibration import CalibrationSample, calibration_samples
-from sparta_explore.oneshot.grid import GroupGrid, QuantSpec, fit_grid, quantize_to_grid
+from sparta_explore.oneshot.grid import GroupGrid, QuantSpec, fit_grid, quantize_to_grid, round_to_grids
 from sparta_explore.oneshot.obs import OBSResult, inverse_hessian_factor, obs_compress
 from sparta_explore.oneshot.sequential import calibrate_sequentially, layers_by_block, obs_sequentially
 from sparta_explore.oneshot.statistics import InputChannelNorms, InputHessian, hessian_dtype
@@ -38,5 +38,5 @@ from sparta_explore.oneshot.statistics import InputChannelNorms, InputHessian, h
 __all__ = ["BlockInput", "CalibrationSample", "GroupGrid", "InputChannelNorms", "InputHessian", "OBSResult",
            "QuantSpec", "block_output", "calibrate_sequentially", "calibration_samples", "capture_block_inputs",
            "find_blocks", "fit_grid", "hessian_dtype", "inverse_hessian_factor", "is_linear", "layers_by_block",
-           "linears_in_blocks", "obs_compress", "obs_sequentially", "quantize_to_grid", "select_linears",
-           "set_weight_matrix", "weight_matrix"]
+           "linears_in_blocks", "obs_compress", "obs_sequentially", "quantize_to_grid", "round_to_grids",
+           "select_linears", "set_weight_matrix", "weight_matrix"]

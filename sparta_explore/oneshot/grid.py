@@ -172,3 +172,20 @@ class GroupGrid:
             (True, False)
         """
         return bool((self.dequantize(self.codes(weight)) == weight).all())
+
+
+def round_to_grids(w: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """`w` (rows, cols) rounded to nearest on each group's own grid (`fit_grid`): round-to-nearest, the
+    quantization without calibration that GPTQ improves on.
+
+    Example:
+        >>> round_to_grids(torch.tensor([[0.0, 0.4, 1.0, 3.0]]), QuantSpec(2, 2)).tolist()
+        [[0.0, 0.40000003576278687, 1.0, 3.0]]
+    """
+    size = spec.group_size or w.shape[1]
+    parts = []
+    for start in range(0, w.shape[1], size):
+        block = w[:, start:start + size]
+        scale, zero = fit_grid(block, QuantSpec(spec.bits, None, spec.sym, spec.mse))
+        parts.append(quantize_to_grid(block, scale[:, None], zero[:, None], spec.maxq))
+    return torch.cat(parts, dim=1)

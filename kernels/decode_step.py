@@ -1,0 +1,111 @@
+"""The compiled decode step's library: C structs for packed weights and a Llama's layers, and the one-row GEMV.
+
+`templates/decode_step.c` runs one token of a Llama-pattern model for up to `MAX_BATCH`
+sequences in one call (`decode_step`), and exposes its weight-times-rows product on its own
+(`gemv`): the kernel for small row counts, M = 1 .. 8, in every layout of
+`packed_weights.py`. The structs here point into tensors the caller keeps alive (`Mat`
+holds raw pointers); `mat_of` builds one from a `PackedWeight` and returns what must be kept.
+
+Example:
+    >>> w = pack_weight(torch.randn(64, 96))                            # doctest: +SKIP
+    >>> torch.allclose(gemv(w, torch.ones(1, 96)), torch.ones(1, 96) @ w.dequantize().T, atol=1e-4)  # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from sparta_explore.kernels.build import BuiltLibrary, build, cpu_flags
+from sparta_explore.kernels.c_templates import c_text
+from sparta_explore.kernels.packed_weights import PackedWeight
+
+MAX_BATCH = 8  # sequences (rows) one call decodes; the C file's MAX_BATCH
+FMT_CODES = {"f32": 0, "u8": 1, "u4": 2}
+NEEDS = ("avx2", "fma")
+_ptr = ctypes.c_void_p
+
+
+class Mat(ctypes.Structure):
+    _fields_ = [("fmt", ctypes.c_int32), ("n", ctypes.c_int32), ("k", ctypes.c_int32), ("group", ctypes.c_int32),
+                ("w", _ptr), ("codes", _ptr), ("grid", _ptr), ("bias", _ptr)]
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [(name, Mat) for name in ("q", "k", "v", "o", "gate", "up", "down")] + [
+        ("ln1", _ptr), ("ln2", _ptr), ("kcache", _ptr), ("vcache", _ptr)]
+
+
+class Model(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int32) for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "inter",
+                                                     "vocab", "max_len", "batch", "threads")] + [
+        ("eps", ctypes.c_float), ("attn_scale", ctypes.c_float), ("embed", _ptr), ("norm", _ptr), ("head", Mat),
+        ("cos", _ptr), ("sin", _ptr), ("layer", ctypes.POINTER(Layer)), ("scratch", _ptr)]
+
+
+def why_no_kernels() -> str | None:
+    """Why this CPU cannot run the decode kernels (they need AVX2 and FMA), or None.
+
+    Example:
+        >>> why_no_kernels() is None or "AVX2" in why_no_kernels()
+        True
+    """
+    missing = [f for f in NEEDS if f not in cpu_flags()]
+    return f"the decode kernels need AVX2 and FMA; this CPU lacks {', '.join(missing)}" if missing else None
+
+
+@functools.cache
+def library() -> BuiltLibrary:
+    """The decode step's library, built once per process (cached on disk by content hash)."""
+    built = build(c_text("decode_step.c"), "decode_step")
+    lib = built.lib
+    lib.decode_step.argtypes = [ctypes.POINTER(Model), _ptr, ctypes.c_int, ctypes.c_int, _ptr]
+    lib.decode_step.restype = None
+    lib.gemv.argtypes = [ctypes.POINTER(Mat), _ptr, ctypes.c_int, _ptr, ctypes.c_int]
+    lib.gemv.restype = None
+    lib.scratch_floats.argtypes = [ctypes.c_int] * 7
+    lib.scratch_floats.restype = ctypes.c_long
+    return built
+
+
+def _address(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def mat_of(packed: PackedWeight, bias: torch.Tensor | None = None) -> tuple[Mat, tuple[torch.Tensor, ...]]:
+    """The C view of `packed` (with `bias`), and the tensors it points into (keep them alive with it).
+
+    Example:
+        >>> mat, keep = mat_of(pack_weight(torch.ones(2, 8)))    # doctest: +SKIP
+    """
+    bias = None if bias is None else bias.detach().float().contiguous()
+    f32 = packed.fmt == "f32"
+    grid = None if f32 else torch.stack([packed.scale, packed.offset], dim=-1).contiguous()  # one stream, not two
+    keep = tuple(t for t in (packed.data, grid, bias) if t is not None)
+    mat = Mat(FMT_CODES[packed.fmt], packed.n, packed.k, packed.group, _address(packed.data) if f32 else None,
+              None if f32 else _address(packed.data), _address(grid), _address(bias))
+    return mat, keep
+
+
+def gemv(packed: PackedWeight, x: torch.Tensor, bias: torch.Tensor | None = None, threads: int | None = None
+         ) -> torch.Tensor:
+    """`x @ W^T + bias` for the rows of `x` (M, k), M <= MAX_BATCH per call (more rows run in chunks).
+
+    Example:
+        >>> gemv(pack_weight(torch.eye(8)), torch.arange(8.0)[None]).tolist()   # doctest: +SKIP
+        [[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]]
+    """
+    if x.dim() != 2 or x.shape[1] != packed.k:
+        raise ValueError(f"gemv: expected an (M, {packed.k}) input, got {tuple(x.shape)}")
+    x = x.detach().float().contiguous()
+    out = torch.empty(x.shape[0], packed.n, dtype=torch.float32)
+    mat, _keep = mat_of(packed, bias)
+    lib = library().lib
+    threads = threads or torch.get_num_threads()
+    for start in range(0, x.shape[0], MAX_BATCH):
+        rows = min(MAX_BATCH, x.shape[0] - start)
+        lib.gemv(ctypes.byref(mat), x[start].data_ptr(), rows, out[start].data_ptr(), threads)
+    return out

@@ -1,0 +1,178 @@
+"""Weights that read few bytes a step: a quantized weight's integer codes, recovered from its values, and packed.
+
+A quantizer (GPTQ, the uniform quantizers, `quantize_output_head`) leaves a weight on grids:
+per group of `group` input columns of a row, `2^bits` evenly spaced levels. The model holds
+the de-quantized values, so the grids are read back from them: per group, the smallest gap
+between distinct values (or a fraction of it) is the step, the group's minimum the offset,
+and every value must sit on `offset + step * code` with `code < 2^bits`. A weight that is not
+on such grids stays float32: packing never changes what a weight computes beyond rounding.
+
+Layouts the decode kernels read (`templates/decode_step.c`):
+
+* `f32`: the rows as they are;
+* `u8` / `u4`: codes in 32-bit words, a (scale, offset) pair per group. A block of 8 words
+  holds 32 (u8) or 64 (u4) columns; field s of word i is column 8 s + i, so one shift and one
+  mask give 8 consecutive columns' codes. Rows a multiple of the block, groups of 32.
+
+Example:
+    >>> w = torch.tensor([[0.0, 0.5, 1.0, 1.5] * 8])
+    >>> packed = pack_weight(w)
+    >>> packed.fmt, packed.bits, packed.group, torch.equal(packed.dequantize(), w)
+    ('u8', 4, 32, True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FORMATS = ("f32", "u8", "u4")
+WIDTH = {"u8": 8, "u4": 4}  # bits a code takes in its word
+TRIES = ((4, None), (4, 128), (4, 64), (4, 32), (8, None), (8, 128), (8, 64), (8, 32))  # (bits, group: None = row)
+SAMPLE_ROWS = 8  # rows a grid is tried on before the whole weight (a float weight fails them at once)
+STEP_FRACTIONS = (1, 2, 3, 4)  # the smallest gap may be several steps when levels are skipped
+TOLERANCE = 1e-4  # of a group's largest magnitude: fp32 rounding of scale * (q - zero) stays far below
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """One (n, k) weight in a decode layout: `fmt` in FORMATS, `bits` (32 for f32), `group` columns per
+    (scale, offset); `data` is the f32 rows or the codes, `scale` / `offset` (n, groups)."""
+
+    fmt: str
+    n: int
+    k: int
+    bits: int
+    group: int
+    data: torch.Tensor
+    scale: torch.Tensor | None = None
+    offset: torch.Tensor | None = None
+
+    @property
+    def groups(self) -> int:
+        """Groups per row (the last may be shorter)."""
+        return -(-self.k // self.group)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a step reads for this weight: codes or values, plus scales and offsets."""
+        extra = 0 if self.scale is None else 2 * self.scale.numel() * 4
+        return self.data.numel() * self.data.element_size() + extra
+
+    def codes(self) -> torch.Tensor:
+        """The integer codes (n, k) as uint8, unpacked from their words; an f32 weight has none."""
+        if self.fmt == "f32":
+            raise ValueError("an f32 weight has no codes")
+        width = WIDTH[self.fmt]
+        words = self.data.reshape(self.n, -1, 1, 8).to(torch.int64) & 0xFFFFFFFF
+        shifts = torch.arange(0, 32, width).reshape(1, 1, -1, 1)
+        return ((words >> shifts) & ((1 << width) - 1)).reshape(self.n, self.k).to(torch.uint8)
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weight the kernels compute with: `scale * code + offset` per group.
+
+        Example:
+            >>> pack_weight(torch.tensor([[1.0, 2.0]]), bits=32).dequantize().tolist()
+            [[1.0, 2.0]]
+        """
+        if self.fmt == "f32":
+            return self.data
+        per_column = torch.arange(self.k) // self.group
+        return self.scale[:, per_column] * self.codes().float() + self.offset[:, per_column]
+
+
+def _group_view(w: torch.Tensor, group: int) -> torch.Tensor:
+    """(n, groups, group) with the ragged last group padded by repeating its first value (no new level)."""
+    n, k = w.shape
+    pad = -k % group
+    if pad:
+        last = w[:, k - (k % group):k - (k % group) + 1].expand(n, pad)
+        w = torch.cat([w, last], dim=1)
+    return w.reshape(n, -1, group)
+
+
+def recover_grid(w: torch.Tensor, bits: int, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Codes (n, k) uint8, scale and offset (n, groups) with `scale * code + offset` == `w` within
+    `TOLERANCE`, codes below 2^bits; None when `w` is not on such grids.
+
+    Example:
+        >>> codes, scale, offset = recover_grid(torch.tensor([[-0.5, 0.0, 1.0]]), 2, 3)
+        >>> codes.tolist(), scale.tolist(), offset.tolist()
+        ([[0, 1, 3]], [[0.5]], [[-0.5]])
+    """
+    n, k = w.shape
+    levels = (1 << bits) - 1
+    g = _group_view(w.float(), group)
+    ordered = g.sort(dim=2).values
+    low, high = ordered[..., 0], ordered[..., -1]
+    gaps = ordered.diff(dim=2)
+    gaps = torch.where(gaps > 0, gaps, torch.full_like(gaps, float("inf"))).min(dim=2).values
+    span = high - low
+    flat = torch.isinf(gaps)  # one value: any step, code 0
+    limit = TOLERANCE * torch.maximum(high.abs(), low.abs()).clamp_min(torch.finfo(torch.float32).tiny)
+    best_codes = best_scale = None
+    fits = torch.zeros_like(low, dtype=torch.bool)
+    # steps: the smallest gap or a fraction of it (levels skipped); or the whole range over the top code (a
+    # min-max grid puts the group's extremes at codes 0 and 2^bits - 1; a symmetric one at 1 and 2^bits - 1)
+    tops = [torch.round(span / gaps * f) for f in STEP_FRACTIONS]
+    tops += [torch.full_like(span, t) for t in (levels, levels - 1)]
+    for top in tops:
+        top = torch.where(flat, torch.zeros_like(span), top)
+        scale = torch.where(top > 0, span / top.clamp_min(1), torch.ones_like(span))
+        codes = torch.round((g - low[..., None]) / scale[..., None])
+        error = (codes * scale[..., None] + low[..., None] - g).abs().amax(dim=2)
+        ok = (error <= limit) & (top <= levels)
+        new = ok & ~fits
+        best_codes = codes if best_codes is None else torch.where(new[..., None], codes, best_codes)
+        best_scale = scale if best_scale is None else torch.where(new, scale, best_scale)
+        fits |= ok
+        if bool(fits.all()):
+            break
+    if not bool(fits.all()):
+        return None
+    codes = best_codes.reshape(n, -1)[:, :k].to(torch.uint8)
+    return codes, best_scale.contiguous(), low.contiguous()
+
+
+def _pack_words(codes: torch.Tensor, width: int) -> torch.Tensor:
+    """(n, k) codes into int32 words: per block of 8 words, field s of word i holds column 8 s + i."""
+    n, k = codes.shape
+    fields = 32 // width
+    blocks = codes.to(torch.int64).reshape(n, k // (8 * fields), fields, 8)
+    shifts = torch.arange(0, 32, width).reshape(1, 1, -1, 1)
+    words = (blocks << shifts).sum(dim=2)
+    return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32).reshape(n, -1).contiguous()
+
+
+def _layout(bits: int, k: int, group: int) -> str | None:
+    for fmt in ("u4", "u8"):
+        block = 256 // WIDTH[fmt]
+        if bits <= WIDTH[fmt] and k % block == 0 and (group % 32 == 0 or group == k):
+            return fmt
+    return None
+
+
+def pack_weight(w: torch.Tensor, bits: int | None = None, group: int | None = None) -> PackedWeight:
+    """`w` (n, k) in the narrowest layout its values fit: given `bits` / `group` (None: per row), or the
+    first of `TRIES` whose grids hold every value; else f32. `bits=32` keeps it f32.
+
+    Example:
+        >>> pack_weight(torch.randn(4, 64)).fmt
+        'f32'
+    """
+    w = w.detach().float().contiguous()
+    n, k = w.shape
+    tries = [(bits, group)] if bits is not None else list(TRIES)
+    for b, g in tries:
+        g = k if g is None or g >= k else int(g)
+        fmt = _layout(b, k, g) if b <= 8 else None
+        if fmt is None or (len(tries) > 1 and n > SAMPLE_ROWS and recover_grid(w[:SAMPLE_ROWS], b, g) is None):
+            continue
+        grid = recover_grid(w, b, g)
+        if grid is None:
+            continue
+        codes, scale, offset = grid
+        data = _pack_words(codes, WIDTH[fmt])
+        return PackedWeight(fmt, n, k, b, g, data, scale, offset)
+    return PackedWeight("f32", n, k, 32, k, w)

@@ -1,0 +1,191 @@
+"""A Llama's decode step as one C call per token: `CompiledDecoder(model, max_len)`.
+
+Each projection's weight is packed in the narrowest layout its values fit
+(`kernels/packed_weights.py`: a GPTQ 4-bit weight as 4-bit codes with its group scales and
+offsets, an 8-bit one as bytes, anything else float32); the output head too, and a tied
+embedding reads its rows from the head's codes. `kernels/templates/decode_step.c` then runs
+every layer of one token (norms, projections, rotary embedding, attention over the KV cache,
+SiLU MLP, residuals, the head) inside one OpenMP region. The prompt runs through the model's
+own modules (`LlamaStep`, large matrix products) into the same KV cache.
+
+Activations stay float32 and weights are widened in registers, so the logits are the
+compressed model's (its weights as they are) up to summation order.
+
+Example:
+    >>> decoder = CompiledDecoder(llama, max_len=160)                     # doctest: +SKIP
+    >>> decoder.reset(1); logits = decoder.prefill(prompt_ids)            # doctest: +SKIP
+    >>> logits = decoder.step(logits.argmax(-1), position=prompt_ids.shape[1])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import pandas as pd
+import torch
+from torch import nn
+
+from sparta_explore.compile.llama_step import LlamaStep, why_not_llama
+from sparta_explore.errors import ConfigError
+from sparta_explore.kernels.build import compiler_available
+from sparta_explore.kernels.decode_step import MAX_BATCH, Layer, Model, library, mat_of, why_no_kernels
+from sparta_explore.kernels.packed_weights import PackedWeight, pack_weight
+
+PROJECTIONS = (("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"), ("v", "self_attn.v_proj"),
+               ("o", "self_attn.o_proj"), ("gate", "mlp.gate_proj"), ("up", "mlp.up_proj"), ("down", "mlp.down_proj"))
+
+
+def _linear(layer: nn.Module, path: str) -> nn.Linear | None:
+    module = layer
+    for part in path.split("."):
+        module = getattr(module, part, None)
+    return module if isinstance(module, nn.Linear) else None
+
+
+def why_not_compiled(model: nn.Module) -> str | None:
+    """Why `model`'s decode cannot run as the compiled step, or None.
+
+    Example:
+        >>> why_not_compiled(nn.Linear(2, 2)).startswith("Linear has no")
+        True
+    """
+    why = why_not_llama(model)
+    if why is not None:
+        return why
+    if not compiler_available():
+        return "no C compiler to build the decode step"
+    if (why := why_no_kernels()) is not None:
+        return why
+    config = model.config
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"the MLP's activation is {config.hidden_act!r}, the step computes SiLU"
+    if getattr(config, "rope_scaling", None) and config.rope_scaling.get("rope_type", "default") not in ("default",
+                                                                                                      "llama3"):
+        return f"rotary scaling {config.rope_scaling!r}"
+    if model.model.embed_tokens.weight.dtype != torch.float32:
+        return f"the model's weights are {model.model.embed_tokens.weight.dtype}, the step runs float32 models"
+    for i, layer in enumerate(model.model.layers):
+        missing = [path for _, path in PROJECTIONS if _linear(layer, path) is None]
+        if missing:
+            return f"decoder layer {i}'s {', '.join(missing)} are not nn.Linear (compiled in place?)"
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            if not hasattr(norm, "weight") or getattr(norm, "bias", None) is not None:
+                return f"decoder layer {i}'s norms are not RMSNorm"
+    if not isinstance(model.lm_head, nn.Linear):
+        return "lm_head is not nn.Linear"
+    return None
+
+
+def _eps(norm: nn.Module) -> float:
+    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+
+
+class CompiledDecoder:
+    """`model`'s decode step compiled for up to `MAX_BATCH` sequences of `max_len` positions (module docstring).
+
+    `formats()` lists each weight's layout and bytes; `bytes_per_token` is what a step reads.
+    `packed` reuses an earlier decoder's packed weights (same model, unchanged tensors).
+
+    Example:
+        >>> CompiledDecoder(llama, 160).formats().fmt.value_counts()    # doctest: +SKIP
+    """
+
+    def __init__(self, model: nn.Module, max_len: int, threads: int | None = None,
+                 packed: dict[str, PackedWeight] | None = None) -> None:
+        why = why_not_compiled(model)
+        if why is not None:
+            raise ConfigError(f"CompiledDecoder: {why}")
+        self.model, self.max_len = model, int(max_len)
+        self.threads = threads
+        self.torch_step = LlamaStep(model, self.max_len)
+        config = model.config
+        self.packed: dict[str, PackedWeight] = dict(packed or {})  # given: an earlier decoder's, for a longer cache
+        self._keep: list[torch.Tensor] = [self.torch_step.cos.float().contiguous(),
+                                          self.torch_step.sin.float().contiguous()]
+        self._layers = (Layer * len(model.model.layers))()
+        for i, layer in enumerate(model.model.layers):
+            for field, path in PROJECTIONS:
+                linear = _linear(layer, path)
+                setattr(self._layers[i], field, self._mat(f"model.layers.{i}.{path}", linear))
+            self._layers[i].ln1 = self._pointer(layer.input_layernorm.weight)
+            self._layers[i].ln2 = self._pointer(layer.post_attention_layernorm.weight)
+        head = self._mat("lm_head", model.lm_head)
+        tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+        self.model_struct = Model(
+            layers=len(model.model.layers), hidden=config.hidden_size, heads=self.torch_step.heads,
+            kv_heads=self.torch_step.kv_heads, head_dim=self.torch_step.head_dim,
+            inter=model.model.layers[0].mlp.gate_proj.out_features, vocab=model.lm_head.out_features,
+            max_len=self.max_len, batch=0, threads=0, eps=_eps(model.model.layers[0].input_layernorm),
+            attn_scale=self.torch_step.scale,
+            embed=None if tied else self._pointer(model.model.embed_tokens.weight),
+            norm=self._pointer(model.model.norm.weight), head=head, cos=self._keep[0].data_ptr(),
+            sin=self._keep[1].data_ptr(), layer=ctypes.cast(self._layers, ctypes.POINTER(Layer)), scratch=None)
+        eps = {_eps(n) for layer in model.model.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)}
+        if len(eps | {_eps(model.model.norm)}) != 1:
+            raise ConfigError(f"CompiledDecoder: the RMSNorms use different epsilons {sorted(eps)}")
+        self.lib = library().lib
+        self.batch = 0
+
+    def _pointer(self, t: torch.Tensor) -> int:
+        t = t.detach().float().contiguous()
+        self._keep.append(t)
+        return t.data_ptr()
+
+    def _mat(self, name: str, linear: nn.Linear):
+        packed = self.packed.get(name) or pack_weight(linear.weight)
+        self.packed[name] = packed
+        mat, keep = mat_of(packed, linear.bias)
+        self._keep.extend(keep)
+        return mat
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Weight bytes one decode step reads (every packed weight once; the embedding row aside)."""
+        return sum(p.nbytes for p in self.packed.values())
+
+    def formats(self) -> pd.DataFrame:
+        """One row per weight: layout, bits, group, MB.
+
+        Example:
+            >>> decoder.formats().columns.tolist()     # doctest: +SKIP
+            ['weight', 'fmt', 'bits', 'group', 'MB']
+        """
+        return pd.DataFrame([{"weight": k, "fmt": p.fmt, "bits": p.bits, "group": p.group, "MB": p.nbytes / 1e6}
+                             for k, p in self.packed.items()])
+
+    def reset(self, batch: int) -> None:
+        """Fresh caches for `batch` (1 .. MAX_BATCH) sequences."""
+        if not 1 <= batch <= MAX_BATCH:
+            raise ConfigError(f"CompiledDecoder runs 1 .. {MAX_BATCH} sequences at once, got {batch}")
+        self.torch_step.reset(batch)
+        for i, (k, v) in enumerate(zip(self.torch_step.keys, self.torch_step.values)):
+            self._layers[i].kcache, self._layers[i].vcache = k.data_ptr(), v.data_ptr()
+        s = self.model_struct
+        self._scratch = torch.empty(self.lib.scratch_floats(batch, s.hidden, s.heads, s.kv_heads, s.head_dim,
+                                                            s.inter, s.max_len), dtype=torch.float32)
+        s.scratch, s.batch = self._scratch.data_ptr(), batch
+        self.batch = batch
+
+    @torch.inference_mode()
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        """The last prompt position's logits (batch, vocab); the prompt's keys and values fill the cache."""
+        if ids.shape[0] != self.batch:
+            raise ConfigError(f"CompiledDecoder.prefill: {ids.shape[0]} sequences, reset for {self.batch}")
+        return self.torch_step.forward(ids, 0)
+
+    @torch.inference_mode()
+    def step(self, tokens: torch.Tensor, position: int) -> torch.Tensor:
+        """Logits (batch, vocab) after `tokens` (batch,) at `position`; the cache holds 0 .. position - 1."""
+        if tokens.shape != (self.batch,):
+            raise ConfigError(f"CompiledDecoder.step: expected {self.batch} tokens, got shape {tuple(tokens.shape)}")
+        if not 0 <= position < self.max_len:
+            raise ConfigError(f"CompiledDecoder.step: position {position} does not fit its cache of {self.max_len}")
+        vocab = self.model_struct.vocab
+        if bool(((tokens < 0) | (tokens >= vocab)).any()):
+            raise ConfigError(f"CompiledDecoder.step: token ids must lie in 0 .. {vocab - 1}, got {tokens.tolist()}")
+        self.model_struct.threads = self.threads or torch.get_num_threads()
+        ids = tokens.to(torch.int64).contiguous()
+        logits = torch.empty(self.batch, vocab, dtype=torch.float32)
+        self.lib.decode_step(ctypes.byref(self.model_struct), ids.data_ptr(), self.batch, position,
+                             logits.data_ptr())
+        return logits

@@ -1,0 +1,142 @@
+"""Greedy decoding of a Llama without Hugging Face's per-token machinery: `generate(model, input_ids, n)`.
+
+The prompt runs through the model's own modules (`LlamaStep`: large products, a preallocated
+KV cache); each new token runs the compiled decode step (`CompiledDecoder`: one C call for
+every layer, weights read in their packed layouts). The decoder is built on the first call
+and kept for the model until one of its tensors changes (each tensor's version counter).
+
+The tokens are the model's greedy tokens (`model.generate(..., do_sample=False)`; tests hold
+both paths to that). A sequence that emits the end-of-sequence token is padded after it, as
+Hugging Face does. Where the compiled step cannot run (modules replaced by an in-place
+compile, more than `MAX_BATCH` sequences, no C compiler, another activation) the model's own
+modules decode, with a warning naming why; `compiled=False` asks for that path. A model that
+is not a Llama-pattern causal LM, a padded batch or sampling runs `model.generate`, with a
+warning.
+
+Example:
+    >>> out = generate(llama, prompt_ids, max_new_tokens=32)                # doctest: +SKIP
+    >>> torch.equal(out, llama.generate(prompt_ids, max_new_tokens=32, do_sample=False))  # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from typing import Any
+
+import torch
+from torch import nn
+
+from sparta_explore.compile.decoder import CompiledDecoder, why_not_compiled
+from sparta_explore.compile.llama_step import LlamaStep, why_not_llama
+from sparta_explore.errors import ConfigError
+from sparta_explore.kernels.decode_step import MAX_BATCH
+
+_decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (tensor versions, CompiledDecoder)
+
+
+def _versions(model: nn.Module) -> tuple:
+    return tuple((t.data_ptr(), t._version) for t in model.parameters())
+
+
+def compiled_decoder(model: nn.Module, max_len: int) -> CompiledDecoder:
+    """The model's `CompiledDecoder` for at least `max_len` positions: kept from an earlier call while the
+    model's tensors are unchanged (packing its weights is the slow part), else built.
+
+    Example:
+        >>> compiled_decoder(llama, 160) is compiled_decoder(llama, 96)   # doctest: +SKIP
+        True
+    """
+    versions = _versions(model)
+    held = _decoders.get(model)
+    if held is not None and held[0] == versions:
+        if held[1].max_len >= max_len:
+            return held[1]
+        decoder = CompiledDecoder(model, max_len, packed=held[1].packed)
+    else:
+        decoder = CompiledDecoder(model, max_len)
+    _decoders[model] = (versions, decoder)
+    return decoder
+
+
+def _fallback_reason(model: nn.Module, attention_mask: torch.Tensor | None, kwargs: dict[str, Any]) -> str | None:
+    why = why_not_llama(model)
+    if why is not None:
+        return why
+    if attention_mask is not None and not bool(attention_mask.all()):
+        return "the attention mask pads some sequences"
+    if kwargs.get("do_sample"):
+        return "sampling is not implemented in the step (greedy only)"
+    extra = sorted(k for k in kwargs if k not in ("do_sample", "pad_token_id", "eos_token_id"))
+    return f"generation options {extra} are Hugging Face's" if extra else None
+
+
+class _TorchDecode:
+    """The decode path through the model's own modules (what runs where the compiled step cannot)."""
+
+    def __init__(self, model: nn.Module, batch: int, max_len: int) -> None:
+        self.torch_step = LlamaStep(model, max_len)
+        self.torch_step.reset(batch)
+
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.torch_step.forward(ids, 0)
+
+    def step(self, tokens: torch.Tensor, position: int) -> torch.Tensor:
+        return self.torch_step.forward(tokens[:, None], position)
+
+
+def _decode_path(model: nn.Module, batch: int, max_len: int, compiled: bool) -> CompiledDecoder | _TorchDecode:
+    if compiled:
+        why = why_not_compiled(model)
+        if why is None and batch > MAX_BATCH:
+            why = f"{batch} sequences; the compiled step decodes up to {MAX_BATCH} at once"
+        if why is None:
+            decoder = compiled_decoder(model, max_len)
+            decoder.reset(batch)
+            return decoder
+        warnings.warn(f"generate: the compiled decode step cannot run ({why}): the model's own modules decode",
+                      stacklevel=3)
+    return _TorchDecode(model, batch, max_len)
+
+
+@torch.inference_mode()
+def generate(model: nn.Module, input_ids: torch.Tensor, max_new_tokens: int, *,
+             attention_mask: torch.Tensor | None = None, compiled: bool = True, **kwargs: Any) -> torch.Tensor:
+    """Greedy tokens of `model` after `input_ids` (batch, t): the prompt and up to `max_new_tokens` new tokens.
+
+    `pad_token_id` / `eos_token_id` default to the model's generation config; a sequence that
+    emits the end token is padded after it, and decoding stops once every sequence has. Other
+    cases run `model.generate` (see the module docstring).
+
+    Example:
+        >>> generate(llama, torch.tensor([[1, 2, 3]]), 4).shape   # doctest: +SKIP
+        torch.Size([1, 7])
+    """
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+        raise ConfigError(f"input_ids must be (batch, tokens) with at least one token, got {tuple(input_ids.shape)}")
+    why = _fallback_reason(model, attention_mask, kwargs)
+    if why is not None:
+        warnings.warn(f"generate: {why}: the model's own generate runs", stacklevel=2)
+        return model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, **kwargs)
+    config = getattr(model, "generation_config", None)
+    eos = kwargs.get("eos_token_id", getattr(config, "eos_token_id", None))
+    eos = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+    pad = kwargs.get("pad_token_id", getattr(config, "pad_token_id", None))
+    pad = pad if pad is not None else (min(eos) if eos else 0)
+    batch, t = input_ids.shape
+    path = _decode_path(model, batch, t + max_new_tokens, compiled)
+    done = torch.zeros(batch, dtype=torch.bool)
+    ends = torch.tensor(sorted(eos), dtype=input_ids.dtype)
+    tokens = [input_ids]
+    logits = path.prefill(input_ids)
+    for position in range(t, t + max_new_tokens):
+        token = torch.where(done, torch.full_like(done, pad, dtype=input_ids.dtype), logits.argmax(-1))
+        tokens.append(token[:, None])
+        done |= torch.isin(token, ends)
+        if bool(done.all()) or position + 1 == t + max_new_tokens:
+            break
+        logits = path.step(token, position)
+    return torch.cat(tokens, dim=1)

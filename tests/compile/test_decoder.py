@@ -1,0 +1,127 @@
+"""The compiled decode step: every layer of a token in one C call, equal to the model it was built from."""
+
+import warnings
+
+import pytest
+import torch
+
+from sparta_explore.compile.decoder import CompiledDecoder, why_not_compiled
+from sparta_explore.compile.generate import compiled_decoder, generate
+from sparta_explore.errors import ConfigError
+from sparta_explore.fake_quant import fake_quantize_rows
+from sparta_explore.kernels.decode_step import why_no_kernels
+from sparta_explore.oneshot.grid import QuantSpec, round_to_grids
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.skipif(why_no_kernels() is not None, reason=str(why_no_kernels()))
+
+
+def gqa_llama(quantized: bool) -> torch.nn.Module:
+    """Grouped-query heads (4 over 2), a tied head; `quantized`: 4-bit grids of 32 in the layers, 8-bit head rows."""
+    state = torch.random.get_rng_state()
+    torch.manual_seed(7)
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=192, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                                      max_position_embeddings=128, use_cache=False)
+    model = transformers.LlamaForCausalLM(config).eval()
+    torch.random.set_rng_state(state)
+    model.generation_config.eos_token_id = None
+    if quantized:
+        with torch.no_grad():
+            for name, module in model.named_modules():
+                if isinstance(module, torch.nn.Linear) and name.startswith("model.layers"):
+                    module.weight.copy_(round_to_grids(module.weight, QuantSpec(4, 32)))
+            model.lm_head.weight.copy_(fake_quantize_rows(model.lm_head.weight, 8))
+    return model
+
+
+def _prompts(batch, length, seed):
+    return torch.randint(3, 256, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _models(tiny_llama):
+    return {"float, own heads": tiny_llama(), "4-bit, grouped heads": gqa_llama(True)}
+
+
+@pytest.mark.parametrize("which", ["float, own heads", "4-bit, grouped heads"])
+def test_each_steps_logits_are_the_full_forwards(tiny_llama, which):
+    model = _models(tiny_llama)[which]
+    decoder = CompiledDecoder(model, 24)
+    if which.startswith("4-bit"):
+        formats = decoder.formats().set_index("weight")
+        assert set(formats.fmt) == {"u4", "u8"} and formats.loc["lm_head", "fmt"] == "u8"  # tied: the embedding too
+        assert decoder.bytes_per_token < sum(p.numel() for p in model.parameters()) * 4 / 3
+    ids = _prompts(3, 12, 0)
+    decoder.reset(3)
+    with torch.no_grad():
+        got = [decoder.prefill(ids[:, :6])] + [decoder.step(ids[:, p], p) for p in range(6, 12)]
+        want = [model(ids[:, :p + 1]).logits[:, -1] for p in range(5, 12)]
+    for g, w in zip(got, want):
+        assert float((g - w).abs().max()) <= 1e-4 * float(w.abs().max())
+
+
+@pytest.mark.parametrize("batch, length, seed", [(1, 10, 1), (3, 7, 2)])
+def test_greedy_tokens_equal_hugging_faces(batch, length, seed):
+    model = gqa_llama(True)
+    ids = _prompts(batch, length, seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the compiled step runs: no fallback warning
+        got = generate(model, ids, 40)
+    assert torch.equal(got, model.generate(ids, max_new_tokens=40, do_sample=False, pad_token_id=0))
+
+
+def test_the_decoder_is_kept_until_the_model_changes():
+    model = gqa_llama(True)
+    first = compiled_decoder(model, 40)
+    assert compiled_decoder(model, 20) is first
+    longer = compiled_decoder(model, 80)
+    assert longer is not first and longer.packed["lm_head"] is first.packed["lm_head"]  # packed once
+    with torch.no_grad():
+        model.model.layers[0].mlp.up_proj.weight.mul_(2.0)
+    changed = compiled_decoder(model, 40)
+    assert changed is not longer
+    ids = _prompts(1, 8, 3)
+    assert torch.equal(generate(model, ids, 12), model.generate(ids, max_new_tokens=12, do_sample=False,
+                                                                pad_token_id=0))
+
+
+def test_bad_input_is_refused_with_one_clear_error():
+    decoder = CompiledDecoder(gqa_llama(False), 16)
+    with pytest.raises(ConfigError, match="1 .. 8 sequences"):
+        decoder.reset(9)
+    decoder.reset(2)
+    with pytest.raises(ConfigError, match="expected 2 tokens"):
+        decoder.step(torch.tensor([1, 2, 3]), 0)
+    with pytest.raises(ConfigError, match="position 16 does not fit its cache of 16"):
+        decoder.step(torch.tensor([1, 2]), 16)
+    with pytest.raises(ConfigError, match=r"token ids must lie in 0 \.\. 255"):
+        decoder.step(torch.tensor([1, 256]), 0)
+    with pytest.raises(ConfigError, match="CompiledDecoder: Linear has no"):
+        CompiledDecoder(torch.nn.Linear(2, 2), 8)
+
+
+def test_where_the_step_cannot_run_the_models_modules_decode_and_say_why(tiny_llama, no_compiler):
+    model = tiny_llama()
+    model.generation_config.eos_token_id = None
+    ids = _prompts(9, 5, 4)
+    want = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    with pytest.warns(UserWarning, match="no C compiler"):
+        assert torch.equal(generate(model, ids, 6), want)
+
+
+def test_a_batch_larger_than_the_step_and_compiled_false():
+    model = gqa_llama(False)
+    ids = _prompts(9, 5, 5)
+    want = model.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    with pytest.warns(UserWarning, match="9 sequences; the compiled step decodes up to 8"):
+        assert torch.equal(generate(model, ids, 5), want)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(generate(model, ids, 5, compiled=False), want)
+
+
+def test_why_not_compiled_names_what_differs():
+    model = gqa_llama(False)
+    assert why_not_compiled(model) is None
+    model.config.hidden_act = "gelu"
+    assert "activation is 'gelu'" in why_not_compiled(model)

@@ -1,0 +1,41 @@
+"""The one-row (small-M) decode kernels: every packed layout against its de-quantized weight, M = 1 .. 11."""
+
+import pytest
+import torch
+
+from sparta_explore.kernels.decode_step import MAX_BATCH, gemv, why_no_kernels
+from sparta_explore.kernels.packed_weights import pack_weight
+from sparta_explore.oneshot.grid import QuantSpec, round_to_grids
+
+pytestmark = pytest.mark.skipif(why_no_kernels() is not None, reason=str(why_no_kernels()))
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return bool((got - want).abs().max() <= 1e-5 * max(float(want.abs().max()), 1.0))
+
+
+@pytest.mark.parametrize("bits, group, n, k, fmt", [(32, None, 13, 75, "f32"), (32, None, 40, 576, "f32"),
+                                                    (4, 32, 37, 576, "u4"), (4, 128, 37, 576, "u4"),
+                                                    (3, 64, 9, 192, "u4"), (4, 32, 11, 96, "u8"),
+                                                    (8, 32, 21, 160, "u8"), (8, None, 5, 64, "u8")])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 11])
+def test_each_layout_multiplies_like_its_dequantized_weight(bits, group, n, k, fmt, rows):
+    gen = torch.Generator().manual_seed(n * k + rows)
+    w = torch.randn(n, k, generator=gen)
+    w = w if bits == 32 else round_to_grids(w, QuantSpec(bits, group))
+    w[1] = 0.0  # a row with no weights
+    if k >= 64:
+        w[2, 32:64] = 0.0  # a group of zeros
+    packed = pack_weight(w, bits=32) if bits == 32 else pack_weight(w)
+    assert packed.fmt == fmt
+    x, bias = torch.randn(rows, k, generator=gen), torch.randn(n, generator=gen)
+    assert _close(gemv(packed, x, bias), x @ packed.dequantize().T + bias)
+    assert _close(gemv(packed, x, threads=1), x @ w.T)
+
+
+def test_zero_inputs_give_the_bias_and_bad_shapes_are_refused():
+    packed = pack_weight(round_to_grids(torch.randn(8, 64), QuantSpec(4, 32)))
+    bias = torch.arange(8.0)
+    assert torch.equal(gemv(packed, torch.zeros(MAX_BATCH, 64), bias), bias.expand(MAX_BATCH, 8))
+    with pytest.raises(ValueError, match=r"expected an \(M, 64\) input"):
+        gemv(packed, torch.zeros(2, 63))

@@ -1,0 +1,57 @@
+"""Packed decode weights: grids read back from de-quantized values, codes and layouts that round-trip exactly."""
+
+import pytest
+import torch
+
+from sparta_explore.fake_quant import fake_quantize_rows
+from sparta_explore.kernels.packed_weights import pack_weight, recover_grid
+from sparta_explore.oneshot.grid import QuantSpec, round_to_grids
+
+
+def on_grids(w: torch.Tensor, bits: int, group: int | None) -> torch.Tensor:
+    """`w` on min-max grids of `group` columns (None: a row), as GPTQ leaves it."""
+    return round_to_grids(w, QuantSpec(bits, group))
+
+
+@pytest.mark.parametrize("bits, group, k, fmt", [(4, 32, 128, "u4"), (4, 64, 192, "u4"), (4, 128, 576, "u4"),
+                                                 (3, 32, 64, "u4"), (2, None, 64, "u4"), (4, 32, 96, "u8"),
+                                                 (8, 32, 96, "u8"), (8, 128, 576, "u8"), (8, None, 64, "u8")])
+def test_grids_are_read_back_and_codes_round_trip(bits, group, k, fmt):
+    w = on_grids(torch.randn(24, k, generator=torch.Generator().manual_seed(k + bits)), bits, group)
+    w[3] = 0.0  # an empty row
+    w[5, :32] = 0.0  # an all-zero group
+    packed = pack_weight(w)
+    assert packed.fmt == fmt and packed.bits <= max(bits, 4)
+    assert torch.allclose(packed.dequantize(), w, rtol=0, atol=1e-6 * float(w.abs().max()))
+    assert int(packed.codes().max()) < 1 << packed.bits
+    assert torch.equal(pack_weight(packed.dequantize()).codes(), packed.codes())
+
+
+def test_a_ragged_last_group_and_symmetric_row_grids():
+    w = on_grids(torch.randn(8, 576), 4, 128)  # groups 128, 128, 128, 128, 64
+    packed = pack_weight(w)
+    assert (packed.fmt, packed.group, packed.groups) == ("u4", 128, 5)
+    rows = fake_quantize_rows(torch.randn(8, 64), 8)  # codes -127 .. 127: 255 levels over the range
+    assert pack_weight(rows).fmt == "u8"
+    assert torch.allclose(pack_weight(rows).dequantize(), rows, atol=1e-6)
+
+
+def test_float_weights_and_wrong_hints_stay_float32():
+    w = torch.randn(16, 64)
+    assert pack_weight(w).fmt == "f32"
+    assert pack_weight(on_grids(w, 8, 32), bits=4, group=32).fmt == "f32"  # 256 levels do not fit 4 bits
+    assert pack_weight(on_grids(w, 4, 32), bits=32).fmt == "f32"
+    assert torch.equal(pack_weight(w).dequantize(), w)
+    with pytest.raises(ValueError, match="no codes"):
+        pack_weight(w).codes()
+
+
+def test_recover_grid_names_the_step_and_offset():
+    codes, scale, offset = recover_grid(torch.tensor([[-0.5, 0.0, 1.0, 1.0]]), 2, 4)
+    assert codes.tolist() == [[0, 1, 3, 3]] and scale.tolist() == [[0.5]] and offset.tolist() == [[-0.5]]
+    assert recover_grid(torch.tensor([[0.0, 0.1, 0.25, 1.0]]), 2, 4) is None
+
+
+def test_bytes_count_codes_and_grids():
+    packed = pack_weight(on_grids(torch.randn(4, 128), 4, 32))
+    assert packed.nbytes == 4 * 128 // 2 + 4 * 4 * 2 * 4  # half a byte a code, scale and offset per group
