@@ -24,6 +24,7 @@ from sparta_explore.kernels.c_templates import c_text
 from sparta_explore.kernels.packed_weights import PackedWeight
 
 MAX_BATCH = 8  # sequences (rows) one call decodes; the C file's MAX_BATCH
+RUN = 32  # columns per int8 activation grid; the C file's QBLOCK
 FMT_CODES = {"f32": 0, "u8": 1, "u4": 2}
 NEEDS = ("avx2", "fma")
 _ptr = ctypes.c_void_p
@@ -41,7 +42,7 @@ class Layer(ctypes.Structure):
 
 class Model(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int32) for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "inter",
-                                                     "vocab", "max_len", "batch", "threads")] + [
+                                                     "vocab", "max_len", "batch", "threads", "act_q")] + [
         ("eps", ctypes.c_float), ("attn_scale", ctypes.c_float), ("embed", _ptr), ("norm", _ptr), ("head", Mat),
         ("cos", _ptr), ("sin", _ptr), ("layer", ctypes.POINTER(Layer)), ("scratch", _ptr)]
 
@@ -64,9 +65,11 @@ def library() -> BuiltLibrary:
     lib = built.lib
     lib.decode_step.argtypes = [ctypes.POINTER(Model), _ptr, ctypes.c_int, ctypes.c_int, _ptr]
     lib.decode_step.restype = None
-    lib.gemv.argtypes = [ctypes.POINTER(Mat), _ptr, ctypes.c_int, _ptr, ctypes.c_int]
+    lib.gemv.argtypes = [ctypes.POINTER(Mat), _ptr, ctypes.c_int, _ptr, ctypes.c_int, ctypes.c_int, _ptr]
     lib.gemv.restype = None
-    lib.scratch_floats.argtypes = [ctypes.c_int] * 7
+    lib.act_floats.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.act_floats.restype = ctypes.c_long
+    lib.scratch_floats.argtypes = [ctypes.c_int] * 8
     lib.scratch_floats.restype = ctypes.c_long
     return built
 
@@ -83,16 +86,19 @@ def mat_of(packed: PackedWeight, bias: torch.Tensor | None = None) -> tuple[Mat,
     """
     bias = None if bias is None else bias.detach().float().contiguous()
     f32 = packed.fmt == "f32"
-    grid = None if f32 else torch.stack([packed.scale, packed.offset], dim=-1).contiguous()  # one stream, not two
+    # u8 codes are stored as code - 128: the offset takes the 128 back
+    offset = None if f32 else packed.offset + 128 * packed.scale if packed.fmt == "u8" else packed.offset
+    grid = None if f32 else torch.stack([packed.scale, offset], dim=-1).contiguous()  # one stream, not two
     keep = tuple(t for t in (packed.data, grid, bias) if t is not None)
     mat = Mat(FMT_CODES[packed.fmt], packed.n, packed.k, packed.group, _address(packed.data) if f32 else None,
               None if f32 else _address(packed.data), _address(grid), _address(bias))
     return mat, keep
 
 
-def gemv(packed: PackedWeight, x: torch.Tensor, bias: torch.Tensor | None = None, threads: int | None = None
-         ) -> torch.Tensor:
-    """`x @ W^T + bias` for the rows of `x` (M, k), M <= MAX_BATCH per call (more rows run in chunks).
+def gemv(packed: PackedWeight, x: torch.Tensor, bias: torch.Tensor | None = None, threads: int | None = None,
+         act_bits: int = 32) -> torch.Tensor:
+    """`x @ W^T + bias` for the rows of `x` (M, k), M <= MAX_BATCH per call (more rows run in chunks);
+    `act_bits=8` rounds `x` per 32 columns first (`fake_quantize_runs`) and runs the int8 kernels.
 
     Example:
         >>> gemv(pack_weight(torch.eye(8)), torch.arange(8.0)[None]).tolist()   # doctest: +SKIP
@@ -100,12 +106,17 @@ def gemv(packed: PackedWeight, x: torch.Tensor, bias: torch.Tensor | None = None
     """
     if x.dim() != 2 or x.shape[1] != packed.k:
         raise ValueError(f"gemv: expected an (M, {packed.k}) input, got {tuple(x.shape)}")
+    if act_bits not in (8, 32) or (act_bits == 8 and packed.k % RUN):
+        raise ValueError(f"gemv: act_bits is 32, or 8 for rows of a multiple of {RUN} columns; got {act_bits} "
+                         f"for {packed.k} columns")
     x = x.detach().float().contiguous()
     out = torch.empty(x.shape[0], packed.n, dtype=torch.float32)
     mat, _keep = mat_of(packed, bias)
     lib = library().lib
     threads = threads or torch.get_num_threads()
+    scratch = torch.empty(lib.act_floats(MAX_BATCH, packed.k), dtype=torch.float32)
     for start in range(0, x.shape[0], MAX_BATCH):
         rows = min(MAX_BATCH, x.shape[0] - start)
-        lib.gemv(ctypes.byref(mat), x[start].data_ptr(), rows, out[start].data_ptr(), threads)
+        lib.gemv(ctypes.byref(mat), x[start].data_ptr(), rows, out[start].data_ptr(), threads, int(act_bits == 8),
+                 scratch.data_ptr())
     return out

@@ -10,9 +10,12 @@ on such grids stays float32: packing never changes what a weight computes beyond
 Layouts the decode kernels read (`templates/decode_step.c`):
 
 * `f32`: the rows as they are;
-* `u8` / `u4`: codes in 32-bit words, a (scale, offset) pair per group. A block of 8 words
-  holds 32 (u8) or 64 (u4) columns; field s of word i is column 8 s + i, so one shift and one
-  mask give 8 consecutive columns' codes. Rows a multiple of the block, groups of 32.
+* `u8`: one signed byte a column, the code - 128 (signed bytes meet int8 activations in
+  `vpmaddubsw` through the sign trick), rows of a multiple of 32 columns;
+* `u4`: 32 bytes a run of 64 columns, byte j holding column j (low nibble) and j + 32 (high),
+  so a mask and a shift give 32 consecutive columns' codes in order.
+
+Both keep a (scale, offset) pair per group of a multiple of 32 columns (or one per row).
 
 Example:
     >>> w = torch.tensor([[0.0, 0.5, 1.0, 1.5] * 8])
@@ -61,13 +64,13 @@ class PackedWeight:
         return self.data.numel() * self.data.element_size() + extra
 
     def codes(self) -> torch.Tensor:
-        """The integer codes (n, k) as uint8, unpacked from their words; an f32 weight has none."""
+        """The integer codes (n, k) as uint8 (0 .. 2^bits - 1), unpacked from the layout; an f32 weight has none."""
         if self.fmt == "f32":
             raise ValueError("an f32 weight has no codes")
-        width = WIDTH[self.fmt]
-        words = self.data.reshape(self.n, -1, 1, 8).to(torch.int64) & 0xFFFFFFFF
-        shifts = torch.arange(0, 32, width).reshape(1, 1, -1, 1)
-        return ((words >> shifts) & ((1 << width) - 1)).reshape(self.n, self.k).to(torch.uint8)
+        if self.fmt == "u8":
+            return (self.data.to(torch.int16) + 128).to(torch.uint8)
+        runs = self.data.reshape(self.n, self.k // 64, 32)
+        return torch.cat([runs & 15, runs >> 4], dim=2).reshape(self.n, self.k)
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weight the kernels compute with: `scale * code + offset` per group.
@@ -132,23 +135,22 @@ def recover_grid(w: torch.Tensor, bits: int, group: int) -> tuple[torch.Tensor, 
     if not bool(fits.all()):
         return None
     codes = best_codes.reshape(n, -1)[:, :k].to(torch.uint8)
-    return codes, best_scale.contiguous(), low.contiguous()
+    # a group of one value is all offset: scale 0, so no kernel adds and subtracts large code terms for it
+    return codes, torch.where(flat, torch.zeros_like(best_scale), best_scale).contiguous(), low.contiguous()
 
 
-def _pack_words(codes: torch.Tensor, width: int) -> torch.Tensor:
-    """(n, k) codes into int32 words: per block of 8 words, field s of word i holds column 8 s + i."""
+def _pack(codes: torch.Tensor, fmt: str) -> torch.Tensor:
+    """(n, k) codes in `fmt`'s layout (module docstring)."""
     n, k = codes.shape
-    fields = 32 // width
-    blocks = codes.to(torch.int64).reshape(n, k // (8 * fields), fields, 8)
-    shifts = torch.arange(0, 32, width).reshape(1, 1, -1, 1)
-    words = (blocks << shifts).sum(dim=2)
-    return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32).reshape(n, -1).contiguous()
+    if fmt == "u8":
+        return (codes.to(torch.int16) - 128).to(torch.int8).contiguous()
+    runs = codes.reshape(n, k // 64, 2, 32)
+    return (runs[:, :, 0] | (runs[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
 
 
 def _layout(bits: int, k: int, group: int) -> str | None:
-    for fmt in ("u4", "u8"):
-        block = 256 // WIDTH[fmt]
-        if bits <= WIDTH[fmt] and k % block == 0 and (group % 32 == 0 or group == k):
+    for fmt, run in (("u4", 64), ("u8", 32)):
+        if bits <= WIDTH[fmt] and k % run == 0 and (group % 32 == 0 or group == k):
             return fmt
     return None
 
@@ -173,6 +175,6 @@ def pack_weight(w: torch.Tensor, bits: int | None = None, group: int | None = No
         if grid is None:
             continue
         codes, scale, offset = grid
-        data = _pack_words(codes, WIDTH[fmt])
+        data = _pack(codes, fmt)
         return PackedWeight(fmt, n, k, b, g, data, scale, offset)
     return PackedWeight("f32", n, k, 32, k, w)

@@ -71,6 +71,19 @@ def fake_quantize_rows(x: torch.Tensor, bits: int = 8) -> torch.Tensor:
     return q.mul_(scale)
 
 
+def fake_quantize_runs(x: torch.Tensor, run: int = 32, bits: int = 8) -> torch.Tensor:
+    """`x` rounded on a symmetric `bits` grid per `run` consecutive elements of its last dimension (a multiple
+    of `run`): what the decode step's int8 activations are (llama.cpp's Q8_0 activations likewise).
+
+    Example:
+        >>> fake_quantize_runs(torch.tensor([[1.0, 0.3, 0.02, 0.01]]), run=2, bits=2).tolist()
+        [[1.0, 0.0, 0.019999999552965164, 0.0]]
+    """
+    if x.shape[-1] % run:
+        raise ValueError(f"the last dimension ({x.shape[-1]}) is not a multiple of the run ({run})")
+    return fake_quantize_rows(x.reshape(*x.shape[:-1], -1, run), bits).reshape(x.shape)
+
+
 def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                      weight_bits: int = 8, act_bits: int = 8,
                      weight_levels: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:

@@ -8,8 +8,11 @@ every layer of one token (norms, projections, rotary embedding, attention over t
 SiLU MLP, residuals, the head) inside one OpenMP region. The prompt runs through the model's
 own modules (`LlamaStep`, large matrix products) into the same KV cache.
 
-Activations stay float32 and weights are widened in registers, so the logits are the
-compressed model's (its weights as they are) up to summation order.
+With `act_bits=32` activations stay float32 and weights are widened in registers, so the
+logits are the compressed model's (its weights as they are) up to summation order. With
+`act_bits=8` every projection's input (the head's too) is rounded per 32 columns to a symmetric
+int8 grid, as llama.cpp rounds its activations, and integer codes meet integer activations:
+the logits are those of the model under `rounded_inputs(model)`.
 
 Example:
     >>> decoder = CompiledDecoder(llama, max_len=160)                     # doctest: +SKIP
@@ -20,6 +23,9 @@ Example:
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pandas as pd
 import torch
@@ -27,8 +33,9 @@ from torch import nn
 
 from sparta_explore.compile.llama_step import LlamaStep, why_not_llama
 from sparta_explore.errors import ConfigError
+from sparta_explore.fake_quant import fake_quantize_runs
 from sparta_explore.kernels.build import compiler_available
-from sparta_explore.kernels.decode_step import MAX_BATCH, Layer, Model, library, mat_of, why_no_kernels
+from sparta_explore.kernels.decode_step import MAX_BATCH, RUN, Layer, Model, library, mat_of, why_no_kernels
 from sparta_explore.kernels.packed_weights import PackedWeight, pack_weight
 
 PROJECTIONS = (("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"), ("v", "self_attn.v_proj"),
@@ -76,6 +83,39 @@ def why_not_compiled(model: nn.Module) -> str | None:
     return None
 
 
+class RoundRuns:
+    """A forward pre-hook rounding a linear's input per `run` columns to a symmetric `bits` grid (picklable).
+
+    Example:
+        >>> RoundRuns(2, 2)(None, (torch.tensor([[1.0, 0.3, 0.02, 0.01]]),))[0].tolist()
+        [[1.0, 0.0, 0.019999999552965164, 0.0]]
+    """
+
+    def __init__(self, run: int = RUN, bits: int = 8) -> None:
+        self.run, self.bits = int(run), int(bits)
+
+    def __call__(self, module: nn.Module | None, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (fake_quantize_runs(args[0], self.run, self.bits), *args[1:])
+
+
+@contextmanager
+def rounded_inputs(model: nn.Module) -> Iterator[nn.Module]:
+    """`model` computing what `CompiledDecoder(model, ..., act_bits=8)` computes while the block runs: each
+    decoder projection's and the head's input rounded per 32 columns (hooks removed after).
+
+    Example:
+        >>> with rounded_inputs(llama):                                  # doctest: +SKIP
+        ...     ppl = perplexity(llama, windows)
+    """
+    modules = [_linear(layer, path) for layer in model.model.layers for _, path in PROJECTIONS] + [model.lm_head]
+    handles = [m.register_forward_pre_hook(RoundRuns()) for m in modules if m is not None]
+    try:
+        yield model
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def _eps(norm: nn.Module) -> float:
     return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
 
@@ -91,10 +131,14 @@ class CompiledDecoder:
     """
 
     def __init__(self, model: nn.Module, max_len: int, threads: int | None = None,
-                 packed: dict[str, PackedWeight] | None = None) -> None:
+                 packed: dict[str, PackedWeight] | None = None, act_bits: int = 32) -> None:
         why = why_not_compiled(model)
         if why is not None:
             raise ConfigError(f"CompiledDecoder: {why}")
+        if act_bits not in (8, 32):
+            raise ConfigError(f"CompiledDecoder: act_bits must be 32 (float inputs) or 8 (int8 runs of {RUN}), "
+                              f"got {act_bits!r}")
+        self.act_bits = act_bits
         self.model, self.max_len = model, int(max_len)
         self.threads = threads
         self.torch_step = LlamaStep(model, self.max_len)
@@ -110,13 +154,17 @@ class CompiledDecoder:
             self._layers[i].ln1 = self._pointer(layer.input_layernorm.weight)
             self._layers[i].ln2 = self._pointer(layer.post_attention_layernorm.weight)
         head = self._mat("lm_head", model.lm_head)
+        ragged = [name for name, p in self.packed.items() if p.k % RUN]
+        if act_bits == 8 and ragged:
+            raise ConfigError(f"CompiledDecoder: act_bits=8 rounds inputs per {RUN} columns; {ragged[0]} has "
+                              f"{self.packed[ragged[0]].k}")
         tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
         self.model_struct = Model(
             layers=len(model.model.layers), hidden=config.hidden_size, heads=self.torch_step.heads,
             kv_heads=self.torch_step.kv_heads, head_dim=self.torch_step.head_dim,
             inter=model.model.layers[0].mlp.gate_proj.out_features, vocab=model.lm_head.out_features,
-            max_len=self.max_len, batch=0, threads=0, eps=_eps(model.model.layers[0].input_layernorm),
-            attn_scale=self.torch_step.scale,
+            max_len=self.max_len, batch=0, threads=0, act_q=int(act_bits == 8),
+            eps=_eps(model.model.layers[0].input_layernorm), attn_scale=self.torch_step.scale,
             embed=None if tied else self._pointer(model.model.embed_tokens.weight),
             norm=self._pointer(model.model.norm.weight), head=head, cos=self._keep[0].data_ptr(),
             sin=self._keep[1].data_ptr(), layer=ctypes.cast(self._layers, ctypes.POINTER(Layer)), scratch=None)
@@ -160,17 +208,25 @@ class CompiledDecoder:
         self.torch_step.reset(batch)
         for i, (k, v) in enumerate(zip(self.torch_step.keys, self.torch_step.values)):
             self._layers[i].kcache, self._layers[i].vcache = k.data_ptr(), v.data_ptr()
-        s = self.model_struct
-        self._scratch = torch.empty(self.lib.scratch_floats(batch, s.hidden, s.heads, s.kv_heads, s.head_dim,
-                                                            s.inter, s.max_len), dtype=torch.float32)
-        s.scratch, s.batch = self._scratch.data_ptr(), batch
         self.batch = batch
+        self._scratch_threads = 0  # sized on the next step, for its thread count
+
+    def _scratch_for(self, threads: int) -> None:
+        s = self.model_struct
+        self._scratch = torch.empty(self.lib.scratch_floats(self.batch, s.hidden, s.heads, s.kv_heads, s.head_dim,
+                                                            s.inter, s.max_len, threads), dtype=torch.float32)
+        s.scratch, s.batch, s.threads = self._scratch.data_ptr(), self.batch, threads
+        self._scratch_threads = threads
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
-        """The last prompt position's logits (batch, vocab); the prompt's keys and values fill the cache."""
+        """The last prompt position's logits (batch, vocab); the prompt's keys and values fill the cache
+        (through the model's own modules, its inputs rounded as the step rounds them)."""
         if ids.shape[0] != self.batch:
             raise ConfigError(f"CompiledDecoder.prefill: {ids.shape[0]} sequences, reset for {self.batch}")
+        if self.act_bits == 8:
+            with rounded_inputs(self.model):
+                return self.torch_step.forward(ids, 0)
         return self.torch_step.forward(ids, 0)
 
     @torch.inference_mode()
@@ -183,7 +239,9 @@ class CompiledDecoder:
         vocab = self.model_struct.vocab
         if bool(((tokens < 0) | (tokens >= vocab)).any()):
             raise ConfigError(f"CompiledDecoder.step: token ids must lie in 0 .. {vocab - 1}, got {tokens.tolist()}")
-        self.model_struct.threads = self.threads or torch.get_num_threads()
+        threads = self.threads or torch.get_num_threads()
+        if threads != self._scratch_threads:
+            self._scratch_for(threads)
         ids = tokens.to(torch.int64).contiguous()
         logits = torch.empty(self.batch, vocab, dtype=torch.float32)
         self.lib.decode_step(ctypes.byref(self.model_struct), ids.data_ptr(), self.batch, position,

@@ -28,19 +28,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from sparta_explore.compile.decoder import CompiledDecoder, why_not_compiled
+from sparta_explore.compile.decoder import CompiledDecoder, rounded_inputs, why_not_compiled
 from sparta_explore.compile.llama_step import LlamaStep, why_not_llama
 from sparta_explore.errors import ConfigError
 from sparta_explore.kernels.decode_step import MAX_BATCH
 
-_decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (tensor versions, CompiledDecoder)
+_decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {act_bits: (versions, decoder)}
 
 
 def _versions(model: nn.Module) -> tuple:
     return tuple((t.data_ptr(), t._version) for t in model.parameters())
 
 
-def compiled_decoder(model: nn.Module, max_len: int) -> CompiledDecoder:
+def compiled_decoder(model: nn.Module, max_len: int, act_bits: int = 32) -> CompiledDecoder:
     """The model's `CompiledDecoder` for at least `max_len` positions: kept from an earlier call while the
     model's tensors are unchanged (packing its weights is the slow part), else built.
 
@@ -49,14 +49,13 @@ def compiled_decoder(model: nn.Module, max_len: int) -> CompiledDecoder:
         True
     """
     versions = _versions(model)
-    held = _decoders.get(model)
-    if held is not None and held[0] == versions:
-        if held[1].max_len >= max_len:
-            return held[1]
-        decoder = CompiledDecoder(model, max_len, packed=held[1].packed)
-    else:
-        decoder = CompiledDecoder(model, max_len)
-    _decoders[model] = (versions, decoder)
+    kept = _decoders.setdefault(model, {})
+    held = kept.get(act_bits)
+    if held is not None and held[0] == versions and held[1].max_len >= max_len:
+        return held[1]
+    same = [d for v, d in kept.values() if v == versions]  # any decoder of these tensors: its packed weights
+    decoder = CompiledDecoder(model, max_len, packed=same[0].packed if same else None, act_bits=act_bits)
+    kept[act_bits] = (versions, decoder)
     return decoder
 
 
@@ -73,37 +72,50 @@ def _fallback_reason(model: nn.Module, attention_mask: torch.Tensor | None, kwar
 
 
 class _TorchDecode:
-    """The decode path through the model's own modules (what runs where the compiled step cannot)."""
+    """The decode path through the model's own modules (what runs where the compiled step cannot); `act_bits=8`
+    rounds their inputs as the compiled step does."""
 
-    def __init__(self, model: nn.Module, batch: int, max_len: int) -> None:
+    def __init__(self, model: nn.Module, batch: int, max_len: int, act_bits: int) -> None:
+        self.model, self.act_bits = model, act_bits
         self.torch_step = LlamaStep(model, max_len)
         self.torch_step.reset(batch)
 
+    def _forward(self, ids: torch.Tensor, start: int) -> torch.Tensor:
+        if self.act_bits == 8:
+            with rounded_inputs(self.model):
+                return self.torch_step.forward(ids, start)
+        return self.torch_step.forward(ids, start)
+
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.torch_step.forward(ids, 0)
+        return self._forward(ids, 0)
 
     def step(self, tokens: torch.Tensor, position: int) -> torch.Tensor:
-        return self.torch_step.forward(tokens[:, None], position)
+        return self._forward(tokens[:, None], position)
 
 
-def _decode_path(model: nn.Module, batch: int, max_len: int, compiled: bool) -> CompiledDecoder | _TorchDecode:
+def _decode_path(model: nn.Module, batch: int, max_len: int, compiled: bool, act_bits: int
+                 ) -> CompiledDecoder | _TorchDecode:
     if compiled:
         why = why_not_compiled(model)
         if why is None and batch > MAX_BATCH:
             why = f"{batch} sequences; the compiled step decodes up to {MAX_BATCH} at once"
         if why is None:
-            decoder = compiled_decoder(model, max_len)
+            decoder = compiled_decoder(model, max_len, act_bits)
             decoder.reset(batch)
             return decoder
         warnings.warn(f"generate: the compiled decode step cannot run ({why}): the model's own modules decode",
                       stacklevel=3)
-    return _TorchDecode(model, batch, max_len)
+    return _TorchDecode(model, batch, max_len, act_bits)
 
 
 @torch.inference_mode()
 def generate(model: nn.Module, input_ids: torch.Tensor, max_new_tokens: int, *,
-             attention_mask: torch.Tensor | None = None, compiled: bool = True, **kwargs: Any) -> torch.Tensor:
+             attention_mask: torch.Tensor | None = None, compiled: bool = True, act_bits: int = 32,
+             **kwargs: Any) -> torch.Tensor:
     """Greedy tokens of `model` after `input_ids` (batch, t): the prompt and up to `max_new_tokens` new tokens.
+
+    `act_bits=8` rounds every projection's input per 32 columns to int8 (faster integer kernels;
+    the tokens are those of the model under `rounded_inputs`).
 
     `pad_token_id` / `eos_token_id` default to the model's generation config; a sequence that
     emits the end token is padded after it, and decoding stops once every sequence has. Other
@@ -115,6 +127,8 @@ def generate(model: nn.Module, input_ids: torch.Tensor, max_new_tokens: int, *,
     """
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    if act_bits not in (8, 32):
+        raise ConfigError(f"act_bits must be 32 (float inputs) or 8 (int8 runs of 32 columns), got {act_bits!r}")
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ConfigError(f"input_ids must be (batch, tokens) with at least one token, got {tuple(input_ids.shape)}")
     why = _fallback_reason(model, attention_mask, kwargs)
@@ -127,7 +141,7 @@ def generate(model: nn.Module, input_ids: torch.Tensor, max_new_tokens: int, *,
     pad = kwargs.get("pad_token_id", getattr(config, "pad_token_id", None))
     pad = pad if pad is not None else (min(eos) if eos else 0)
     batch, t = input_ids.shape
-    path = _decode_path(model, batch, t + max_new_tokens, compiled)
+    path = _decode_path(model, batch, t + max_new_tokens, compiled, act_bits)
     done = torch.zeros(batch, dtype=torch.bool)
     ends = torch.tensor(sorted(eos), dtype=input_ids.dtype)
     tokens = [input_ids]

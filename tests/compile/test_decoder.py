@@ -5,7 +5,7 @@ import warnings
 import pytest
 import torch
 
-from sparta_explore.compile.decoder import CompiledDecoder, why_not_compiled
+from sparta_explore.compile.decoder import CompiledDecoder, rounded_inputs, why_not_compiled
 from sparta_explore.compile.generate import compiled_decoder, generate
 from sparta_explore.errors import ConfigError
 from sparta_explore.fake_quant import fake_quantize_rows
@@ -125,3 +125,31 @@ def test_why_not_compiled_names_what_differs():
     assert why_not_compiled(model) is None
     model.config.hidden_act = "gelu"
     assert "activation is 'gelu'" in why_not_compiled(model)
+
+
+@pytest.mark.parametrize("which", ["float, own heads", "4-bit, grouped heads"])
+def test_int8_activations_compute_the_model_with_rounded_inputs(tiny_llama, which):
+    model = _models(tiny_llama)[which]
+    decoder = CompiledDecoder(model, 24, act_bits=8)
+    ids = _prompts(2, 12, 9)
+    decoder.reset(2)
+    with torch.no_grad():
+        got = [decoder.prefill(ids[:, :6])] + [decoder.step(ids[:, p], p) for p in range(6, 12)]
+        with rounded_inputs(model):
+            want = [model(ids[:, :p + 1]).logits[:, -1] for p in range(5, 12)]
+        exact = model(ids).logits[:, -1]
+    for g, w in zip(got, want):
+        assert float((g - w).abs().max()) <= 1e-4 * float(w.abs().max())
+    assert not torch.allclose(got[-1], exact, atol=1e-4)  # the rounding is there, and the hooks are gone
+
+
+def test_int8_activation_tokens_equal_the_rounded_models():
+    model = gqa_llama(True)
+    ids = _prompts(2, 9, 10)
+    got = generate(model, ids, 32, act_bits=8)
+    with rounded_inputs(model):
+        want = model.generate(ids, max_new_tokens=32, do_sample=False, pad_token_id=0)
+    assert torch.equal(got, want)
+    assert torch.equal(generate(model, ids, 32, act_bits=8, compiled=False), want)
+    with pytest.raises(ConfigError, match="act_bits must be 32"):
+        generate(model, ids, 4, act_bits=4)

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from sparta_explore.fake_quant import fake_quantize_runs
 from sparta_explore.kernels.decode_step import MAX_BATCH, gemv, why_no_kernels
 from sparta_explore.kernels.packed_weights import pack_weight
 from sparta_explore.oneshot.grid import QuantSpec, round_to_grids
@@ -31,6 +32,17 @@ def test_each_layout_multiplies_like_its_dequantized_weight(bits, group, n, k, f
     x, bias = torch.randn(rows, k, generator=gen), torch.randn(n, generator=gen)
     assert _close(gemv(packed, x, bias), x @ packed.dequantize().T + bias)
     assert _close(gemv(packed, x, threads=1), x @ w.T)
+    if k % 32 == 0:  # int8 activations: the input rounded per 32 columns, integer dot products
+        assert _close(gemv(packed, x, bias, act_bits=8), fake_quantize_runs(x) @ w.T + bias)
+
+
+def test_int8_runs_hold_outliers_and_all_zero_runs():
+    packed = pack_weight(round_to_grids(torch.randn(16, 128), QuantSpec(4, 32)))
+    x = torch.zeros(2, 128)
+    x[0, 5], x[0, 70:80], x[1, 33] = 1e4, 0.25, -3.0  # one run dominated by an outlier, others empty
+    assert _close(gemv(packed, x, act_bits=8), fake_quantize_runs(x) @ packed.dequantize().T)
+    with pytest.raises(ValueError, match="act_bits is 32, or 8"):
+        gemv(pack_weight(torch.randn(4, 40)), torch.zeros(1, 40), act_bits=8)
 
 
 def test_zero_inputs_give_the_bias_and_bad_shapes_are_refused():
