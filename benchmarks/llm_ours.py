@@ -39,6 +39,7 @@ from torch import nn
 
 import sparta_explore as se
 from sparta_explore.compile.config import CompileConfig
+from sparta_explore.compile.decoder import CompiledDecoder
 from sparta_explore.pruners import SparseGPTConfig, WandaConfig, masks_to_table, prune, wanda_keep
 from sparta_explore.quantizers import GPTQConfig, quantize
 from sparta_explore.tesa_table import TeSATable
@@ -86,6 +87,8 @@ class Row:
     notes: list[str] = field(default_factory=list)
     model: nn.Module | None = None
     table: TeSATable | None = None
+    decoder: CompiledDecoder | None = None  # a decode-step row's (its model is the compressed row's)
+    mb_token: float = math.nan  # weight MB one decode token reads
 
 
 def magnitude_masks(model: nn.Module, sparsity: float, linears: tuple[str, ...]) -> dict[str, dict[str, torch.Tensor]]:
@@ -157,6 +160,38 @@ def compile_row(row: Row, prompt: torch.Tensor) -> Row:
                model=model)
 
 
+# the decode-step rows of a compressed row: suffix -> (act_bits, pack); float rows only for the dense model
+STEP_F32, STEP, STEP_A8 = ":step-f32", ":step", ":step-a8"
+STEPS = {STEP_F32: (32, False), STEP: (32, True), STEP_A8: (8, True)}
+
+
+def step_rows(row: Row, max_len: int) -> list[Row]:
+    """The compressed `row`'s model behind the compiled decode step (`CompiledDecoder`): its weights packed
+    in the narrowest layout they fit, with float or int8 activations; the dense row also with float32 rows."""
+    out = []
+    for suffix, (act_bits, pack) in STEPS.items():
+        if suffix == STEP_F32 and row.name != DENSE:
+            continue
+        start = time.perf_counter()
+        decoder = CompiledDecoder(row.model, max_len, act_bits=act_bits, pack=pack)
+        layouts = decoder.formats().groupby("fmt").size().to_dict()
+        note = f"decoder built in {time.perf_counter() - start:.0f} s: " + ", ".join(
+            f"{n} {fmt}" for fmt, n in sorted(layouts.items()))
+        out.append(Row(row.name + suffix, f"step a{act_bits}", ppl=row.ppl if act_bits == 32 else math.nan,
+                       calib_s=row.calib_s, weights_mb=row.weights_mb, notes=[note], model=row.model,
+                       decoder=decoder, mb_token=decoder.bytes_per_token / 1e6))
+    return out
+
+
+def step_generate(decoder: CompiledDecoder, prompt: torch.Tensor, n: int) -> torch.Tensor:
+    """Greedy tokens through the step: the prompt through the model's modules, then n - 1 one-token steps."""
+    decoder.reset(prompt.shape[0])
+    token = decoder.prefill(prompt).argmax(-1)
+    for position in range(prompt.shape[1], prompt.shape[1] + n - 1):
+        token = decoder.step(token, position).argmax(-1)
+    return token
+
+
 def _timed(fn: Callable[[], Any]) -> float:
     start = time.perf_counter()
     fn()
@@ -175,12 +210,20 @@ def time_ours(rows: list[Row], prompt: torch.Tensor, new: int, repeats: int, pad
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for row in rows:  # warm-up: first calls fault pages in and size buffers
+            if row.decoder is not None:
+                step_generate(row.decoder, prompt, 2)
+                continue
             row.model(prompt, use_cache=True, logits_to_keep=1)
             generate(row.model, 2)
         for turn in range(repeats):
             log(f"timing round {turn + 1}/{repeats}: prefill and generate of {len(rows)} models")
             for row in rows:
-                m, t = row.model, times[row.name]
+                m, d, t = row.model, row.decoder, times[row.name]
+                if d is not None:  # the step's prefill is its model's modules (d.reset: fresh caches)
+                    t["prefill"].append(_timed(lambda d=d: (d.reset(1), d.prefill(prompt))))
+                    t["n"].append(_timed(lambda d=d: step_generate(d, prompt, new)))
+                    t["1"].append(_timed(lambda d=d: step_generate(d, prompt, 1)))
+                    continue
                 t["prefill"].append(_timed(lambda m=m: m(prompt, use_cache=True, logits_to_keep=1)))
                 t["n"].append(_timed(lambda m=m: generate(m, new)))
                 t["1"].append(_timed(lambda m=m: generate(m, 1)))

@@ -139,3 +139,62 @@ def goal_lines(ppl: Mapping[str, float], calib_s: Mapping[str, float], *, calib_
                 verdict(abs(got / want - 1) < 1e-3, f"{base} compiled equals compressed: |ppl {got:.4f} / "
                                                     f"{want:.4f} - 1| = {abs(got / want - 1):.2e} < 1e-3")
     return lines
+
+
+@dataclass(frozen=True)
+class Speed:
+    """One row's perplexity and timings, for the decode goals; `runtime` starts with "step" for the decode step."""
+
+    ppl: float
+    prefill_ms: float
+    tok_s: float
+    runtime: str
+
+
+def decode_goal_lines(rows: Mapping[str, Speed], factor: float = 1.3, dense_factor: float = 2.5) -> list[str]:
+    """Issue 51's goal lines: our decode step against llama.cpp's types at equal or lower perplexity.
+
+    Example:
+        >>> rows = {"dense:step": Speed(14.8, 300, 90, "step a32"), "llama.cpp-Q8_0": Speed(14.9, 400, 60, "llama.cpp")}
+        >>> decode_goal_lines(rows)[1]
+        'PASS  decode at ppl <= llama.cpp Q8_0 (14.90): dense:step 90.0 tok/s >= 1.3 x 60.0 = 78.0'
+    """
+    lines = []
+    ours = {n: r for n, r in rows.items() if r.runtime.startswith("step") and math.isfinite(r.ppl)}
+    peers = {n: r for n, r in rows.items() if n.startswith("llama.cpp-") and math.isfinite(r.ppl)}
+
+    def verdict(ok: bool | None, text: str) -> None:
+        lines.append(f"{'n/a ' if ok is None else 'PASS' if ok else 'MISS'}  {text}")
+
+    def best_at(ppl: float, key: str) -> tuple[str, Speed] | None:
+        fit = [(n, r) for n, r in ours.items() if r.ppl <= ppl and math.isfinite(getattr(r, key))]
+        pick = max if key == "tok_s" else min
+        return pick(fit, key=lambda item: getattr(item[1], key)) if fit else None
+
+    for qtype in ("Q4_K_M", "Q8_0"):
+        peer = peers.get(f"llama.cpp-{qtype}")
+        best = best_at(peer.ppl, "tok_s") if peer else None
+        if peer is None or best is None:
+            verdict(None, f"decode at ppl <= llama.cpp {qtype} (needs that row and a step row at its perplexity)")
+            continue
+        verdict(best[1].tok_s >= factor * peer.tok_s, f"decode at ppl <= llama.cpp {qtype} ({peer.ppl:.2f}): "
+                f"{best[0]} {best[1].tok_s:.1f} tok/s >= {factor:g} x {peer.tok_s:.1f} = {factor * peer.tok_s:.1f}")
+    if peers:
+        fastest_name, fastest = max(peers.items(), key=lambda item: item[1].tok_s)
+        beat = [(n, r) for n, r in ours.items() if r.tok_s > fastest.tok_s and r.ppl < fastest.ppl]
+        text = f"faster than llama.cpp's fastest type {fastest_name[10:]} ({fastest.tok_s:.1f} tok/s, ppl " \
+               f"{fastest.ppl:.2f}) at a lower perplexity"
+        verdict(bool(beat), text + (f": {beat[0][0]} {beat[0][1].tok_s:.1f} tok/s, ppl {beat[0][1].ppl:.2f}"
+                                    if beat else ""))
+        peer = peers.get("llama.cpp-Q4_K_M")
+        best = best_at(peer.ppl, "prefill_ms") if peer else None
+        if peer is not None and best is not None:
+            verdict(best[1].prefill_ms < peer.prefill_ms, f"prefill of 128 tokens at ppl <= Q4_K_M's: {best[0]} "
+                    f"{best[1].prefill_ms:.0f} ms < {peer.prefill_ms:.0f} ms")
+    step, eager = rows.get("dense:step-f32"), rows.get("dense")
+    if step is None or eager is None:
+        verdict(None, f"dense fp32 decode >= {dense_factor:g} x Hugging Face eager (needs dense and dense:step-f32)")
+    else:
+        verdict(step.tok_s >= dense_factor * eager.tok_s, f"dense fp32 decode {step.tok_s:.1f} tok/s >= "
+                f"{dense_factor:g} x Hugging Face eager {eager.tok_s:.1f} = {dense_factor * eager.tok_s:.1f}")
+    return lines

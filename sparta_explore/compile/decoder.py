@@ -124,21 +124,22 @@ class CompiledDecoder:
     """`model`'s decode step compiled for up to `MAX_BATCH` sequences of `max_len` positions (module docstring).
 
     `formats()` lists each weight's layout and bytes; `bytes_per_token` is what a step reads.
-    `packed` reuses an earlier decoder's packed weights (same model, unchanged tensors).
+    `packed` reuses an earlier decoder's packed weights (same model, unchanged tensors); `pack=False`
+    keeps every weight float32 (the same arithmetic, more bytes).
 
     Example:
         >>> CompiledDecoder(llama, 160).formats().fmt.value_counts()    # doctest: +SKIP
     """
 
     def __init__(self, model: nn.Module, max_len: int, threads: int | None = None,
-                 packed: dict[str, PackedWeight] | None = None, act_bits: int = 32) -> None:
+                 packed: dict[str, PackedWeight] | None = None, act_bits: int = 32, pack: bool = True) -> None:
         why = why_not_compiled(model)
         if why is not None:
             raise ConfigError(f"CompiledDecoder: {why}")
         if act_bits not in (8, 32):
             raise ConfigError(f"CompiledDecoder: act_bits must be 32 (float inputs) or 8 (int8 runs of {RUN}), "
                               f"got {act_bits!r}")
-        self.act_bits = act_bits
+        self.act_bits, self.pack = act_bits, pack
         self.model, self.max_len = model, int(max_len)
         self.threads = threads
         self.torch_step = LlamaStep(model, self.max_len)
@@ -180,7 +181,7 @@ class CompiledDecoder:
         return t.data_ptr()
 
     def _mat(self, name: str, linear: nn.Linear):
-        packed = self.packed.get(name) or pack_weight(linear.weight)
+        packed = self.packed.get(name) or pack_weight(linear.weight, bits=None if self.pack else 32)
         self.packed[name] = packed
         mat, keep = mat_of(packed, linear.bias)
         self._keep.extend(keep)
