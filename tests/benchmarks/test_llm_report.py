@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from llm_report import LinearWeights, decode_tok_s, goal_lines, weights_bytes  # noqa: E402
+from llm_report import LinearWeights, Speed, decode_goal_lines, decode_tok_s, goal_lines, weights_bytes  # noqa: E402
 
 LAYER = LinearWeights(rows=576, cols=1536, kept=576 * 1536)
 
@@ -55,3 +55,19 @@ def test_goal_lines_check_each_compiled_row_against_its_compressed_one():
                         "sparsegpt-50%:compiled": 18.1}, {}, calib_windows=8)
     assert verdicts(lines)[-2:] == ["PASS", "MISS"]
     assert lines[-1].split()[1] == "sparsegpt-50%"
+
+
+def test_decode_goals_compare_steps_with_llama_cpp_at_equal_perplexity():
+    rows = {"dense": Speed(14.8, 400, 10.0, "torch-eager"), "dense:step-f32": Speed(14.8, 400, 26.0, "step a32"),
+            "dense:step": Speed(14.8, 380, 85.0, "step a32"), "gptq:step": Speed(16.1, 390, 120.0, "step a32"),
+            "llama.cpp-Q8_0": Speed(14.9, 400, 60.0, "llama.cpp"), "llama.cpp-Q4_K_M": Speed(15.9, 440, 73.0,
+                                                                                             "llama.cpp"),
+            "llama.cpp-Q2_K": Speed(20.9, 300, 100.0, "llama.cpp")}
+    lines = decode_goal_lines(rows)
+    assert lines[0].startswith("MISS") and "dense:step 85.0 tok/s >= 1.3 x 73.0" in lines[0]  # gptq is above 15.9
+    assert lines[1].startswith("PASS") and "Q8_0" in lines[1]
+    assert lines[2].startswith("PASS") and "gptq:step 120.0" in lines[2]
+    assert lines[3].startswith("PASS") and "380 ms < 440 ms" in lines[3]
+    assert lines[4].startswith("PASS") and "26.0 tok/s >= 2.5 x" in lines[4]
+    missing = decode_goal_lines({"dense": rows["dense"]})
+    assert all(line.startswith("n/a") for line in missing) and len(missing) == 3
