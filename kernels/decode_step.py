@@ -88,7 +88,7 @@ def mat_of(packed: PackedWeight, bias: torch.Tensor | None = None) -> tuple[Mat,
     f32 = packed.fmt == "f32"
     # u8 codes are stored as code - 128: the offset takes the 128 back
     offset = None if f32 else packed.offset + 128 * packed.scale if packed.fmt == "u8" else packed.offset
-    grid = None if f32 else torch.stack([packed.scale, offset], dim=-1).contiguous()  # one stream, not two
+    grid = None if f32 else torch.cat([packed.scale, offset], dim=1).contiguous()  # a row's scales, then offsets
     keep = tuple(t for t in (packed.data, grid, bias) if t is not None)
     mat = Mat(FMT_CODES[packed.fmt], packed.n, packed.k, packed.group, _address(packed.data) if f32 else None,
               None if f32 else _address(packed.data), _address(grid), _address(bias))

@@ -36,7 +36,7 @@ typedef struct {
     int32_t fmt, n, k, group;
     const float *w;
     const uint8_t *codes;
-    const float *grid; /* U8 / U4: (n, groups, 2): scale, offset of each group, side by side (one stream) */
+    const float *grid; /* U8 / U4: per row its groups' scales, then their offsets (one stream) */
     const float *bias;
 } Mat;
 
@@ -114,13 +114,14 @@ INLINE void row_f32(const float *w, int k, const float *x, int ldx, int nb, floa
 /* Float activations, quantized weights: each 8 codes widened to scale * code + offset in registers. */
 INLINE void row_u8_f32(const Mat *m, int n, const float *x, int ldx, int nb, float *out) {
     const int8_t *c = (const int8_t *)m->codes + (long)n * m->k;
-    const float *grid = m->grid + (long)n * ((m->k + m->group - 1) / m->group) * 2;
+    const int groups = (m->k + m->group - 1) / m->group;
+    const float *scales = m->grid + (long)n * groups * 2, *offs = scales + groups;
     __m256 acc[CHUNK][8];
     ZERO_ACC(acc)
-    for (int j0 = 0, left = 0; j0 < m->k; j0 += 32) {
-        if (left == 0) { left = m->group / 32; grid += j0 ? 2 : 0; }
+    for (int j0 = 0, left = 0, g = -1; j0 < m->k; j0 += 32) {
+        if (left == 0) { left = m->group / 32; ++g; }
         --left;
-        const __m256 s = _mm256_set1_ps(grid[0]), o = _mm256_set1_ps(grid[1]);
+        const __m256 s = _mm256_set1_ps(scales[g]), o = _mm256_set1_ps(offs[g]);
 #pragma GCC unroll 4
         for (int t = 0; t < 4; ++t) {
             const __m128i bytes = _mm_loadl_epi64((const __m128i *)(c + j0 + 8 * t));
@@ -135,16 +136,17 @@ INLINE void row_u8_f32(const Mat *m, int n, const float *x, int ldx, int nb, flo
 
 INLINE void row_u4_f32(const Mat *m, int n, const float *x, int ldx, int nb, float *out, const int PER) {
     const uint8_t *c = m->codes + (long)n * (m->k / 2);
-    const float *grid = m->grid + (long)n * ((m->k + m->group - 1) / m->group) * 2;
+    const int groups = (m->k + m->group - 1) / m->group;
+    const float *scales = m->grid + (long)n * groups * 2, *offs = scales + groups;
     const int per = PER ? PER : m->group / 32; /* 32-column runs a group spans */
     const __m256i low = _mm256_set1_epi32(15);
     __m256 acc[CHUNK][8];
     ZERO_ACC(acc)
     for (int j0 = 0; j0 < m->k; j0 += 64) {
         const int run = j0 / 32; /* runs j0 / 32 (low nibbles) and + 1 (high) */
-        const float *lo_grid = grid + 2 * (run / per), *hi_grid = grid + 2 * ((run + 1) / per);
-        const __m256 s0 = _mm256_set1_ps(lo_grid[0]), o0 = _mm256_set1_ps(lo_grid[1]);
-        const __m256 s1 = _mm256_set1_ps(hi_grid[0]), o1 = _mm256_set1_ps(hi_grid[1]);
+        const int lo = run / per, hi = (run + 1) / per;
+        const __m256 s0 = _mm256_set1_ps(scales[lo]), o0 = _mm256_set1_ps(offs[lo]);
+        const __m256 s1 = _mm256_set1_ps(scales[hi]), o1 = _mm256_set1_ps(offs[hi]);
 #pragma GCC unroll 4
         for (int t = 0; t < 4; ++t) {
             const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + j0 / 2 + 8 * t)));
@@ -174,30 +176,44 @@ INLINE __m256 run_dot(__m256i codes, __m256i q, const int is_signed) {
 
 INLINE void row_q_int8(const Mat *m, int n, const Act *a, int nb, float *out, const int bits, const int PER) {
     const int runs = m->k / 32, per = PER ? PER : m->group / 32, groups = (m->k + m->group - 1) / m->group;
-    const float *grid = m->grid + (long)n * groups * 2;
+    const int ld = a->ldx / QBLOCK; /* runs per row of activations */
+    const float *scales = m->grid + (long)n * groups * 2, *offs = scales + groups;
     const uint8_t *c = m->codes + (long)n * (bits == 4 ? m->k / 2 : m->k);
     const __m256i low = _mm256_set1_epi8(15);
+    /* Before the row's runs: each run's weight scale times its activation scale (sd), and the offsets'
+       part, offset * sum of the run's rounded inputs, summed for the whole row (off). */
+    float sd[CHUNK * runs], off[CHUNK];
+    for (int b = 0; b < nb; ++b) {
+        const float *d = a->d + (long)b * ld, *xs = a->xs + (long)b * ld;
+        float *row_sd = sd + b * runs;
+        if (per == 1) {
+            __m256 o = _mm256_setzero_ps();
+            int r = 0;
+            for (; r + 8 <= runs; r += 8) {
+                _mm256_storeu_ps(row_sd + r, _mm256_mul_ps(_mm256_loadu_ps(scales + r), _mm256_loadu_ps(d + r)));
+                o = _mm256_fmadd_ps(_mm256_loadu_ps(offs + r), _mm256_loadu_ps(xs + r), o);
+            }
+            off[b] = hsum(o);
+            for (; r < runs; ++r) { row_sd[r] = scales[r] * d[r]; off[b] += offs[r] * xs[r]; }
+        } else {
+            off[b] = 0.0f;
+            for (int r = 0; r < runs; ++r) { row_sd[r] = scales[r / per] * d[r]; off[b] += offs[r / per] * xs[r]; }
+        }
+    }
     __m256 acc[CHUNK][8];
-    float off[CHUNK][4]; /* offset * run sums: four scalar chains, so their latency overlaps */
     ZERO_ACC(acc)
-    for (int b = 0; b < CHUNK; ++b)
-        for (int i = 0; i < 4; ++i) off[b][i] = 0.0f;
     int r = 0;
     __m256i raw = _mm256_setzero_si256();
 #define RUN(T)                                                                                                   \
     {                                                                                                            \
         const int run = r + (T);                                                                                 \
-        const float *sg = grid + 2 * (run / per);                                                                \
         if (bits == 8 || run % 2 == 0) raw = _mm256_loadu_si256((const __m256i *)(c + (bits == 4 ? run / 2 : run) * 32)); \
         const __m256i codes = bits == 8 ? raw : run % 2 == 0 ? _mm256_and_si256(raw, low)                        \
                                                              : _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);  \
-        const __m256 scale = _mm256_broadcast_ss(sg);                                                            \
         for (int b = 0; b < nb; ++b) {                                                                           \
-            const long at = (long)b * (a->ldx / QBLOCK) + run;                                                   \
             const __m256i q = _mm256_loadu_si256((const __m256i *)(a->q + (long)b * a->ldx + run * 32));         \
-            const __m256 sd = _mm256_mul_ps(scale, _mm256_broadcast_ss(a->d + at));                              \
-            acc[b][(T) % 4] = _mm256_fmadd_ps(run_dot(codes, q, bits == 8), sd, acc[b][(T) % 4]);         \
-            off[b][(T) & 3] += sg[1] * a->xs[at];                                                                \
+            acc[b][(T) % 4] = _mm256_fmadd_ps(run_dot(codes, q, bits == 8), _mm256_broadcast_ss(sd + b * runs + run), \
+                                              acc[b][(T) % 4]);                                                  \
         }                                                                                                        \
     }
     for (; r + 4 <= runs; r += 4) { RUN(0) RUN(1) RUN(2) RUN(3) }
@@ -205,7 +221,7 @@ INLINE void row_q_int8(const Mat *m, int n, const Act *a, int nb, float *out, co
 #undef RUN
     for (int b = 0; b < nb; ++b) /* four chains: rows are short (18 runs in 576 columns), the sum is per row */
         out[b] = hsum(_mm256_add_ps(_mm256_add_ps(acc[b][0], acc[b][1]), _mm256_add_ps(acc[b][2], acc[b][3])))
-                 + (off[b][0] + off[b][1]) + (off[b][2] + off[b][3]);
+                 + off[b];
 }
 
 /* nb as a constant in each call, so the always-inlined row code keeps its accumulators in registers. */
@@ -302,7 +318,7 @@ void gemv(const Mat *m, const float *x, int B, float *y, int threads, int act_q,
 static void weight_row(const Mat *m, int n, float *out) {
     if (m->fmt == F32) { memcpy(out, m->w + (long)n * m->k, sizeof(float) * m->k); return; }
     const int groups = (m->k + m->group - 1) / m->group;
-    const float *grid = m->grid + (long)n * groups * 2;
+    const float *scales = m->grid + (long)n * groups * 2, *offs = scales + groups;
     for (int j = 0; j < m->k; ++j) {
         int code;
         if (m->fmt == U8) code = ((const int8_t *)m->codes)[(long)n * m->k + j];
@@ -310,7 +326,7 @@ static void weight_row(const Mat *m, int n, float *out) {
             const uint8_t byte = m->codes[(long)n * (m->k / 2) + (j / 64) * 32 + j % 32];
             code = j % 64 < 32 ? byte & 15 : byte >> 4;
         }
-        out[j] = grid[2 * (j / m->group)] * code + grid[2 * (j / m->group) + 1];
+        out[j] = scales[j / m->group] * code + offs[j / m->group];
     }
 }
 
