@@ -1,10 +1,11 @@
 """The compiled decode step's library: C structs for packed weights and a Llama's layers, and the one-row GEMV.
 
-`templates/decode_step.c` runs one token of a Llama-pattern model for up to `MAX_BATCH`
-sequences in one call (`decode_step`), and exposes its weight-times-rows product on its own
-(`gemv`): the kernel for small row counts, M = 1 .. 8, in every layout of
-`packed_weights.py`. The structs here point into tensors the caller keeps alive (`Mat`
-holds raw pointers); `mat_of` builds one from a `PackedWeight` and returns what must be kept.
+`templates/decode_rows.c` (the products) and `templates/decode_step.c` (the layer) run one
+token of a Llama-pattern model for up to `MAX_BATCH` sequences in one call (`decode_step`); the
+weight-times-rows product is exposed on its own too (`gemv`): the kernel for small row counts,
+M = 1 .. 8, in every layout of `packed_weights.py`. The structs here point into tensors the
+caller keeps alive (`Mat` holds raw pointers); `mat_of` builds one from a `PackedWeight` and
+returns what must be kept.
 
 Example:
     >>> w = pack_weight(torch.randn(64, 96))                            # doctest: +SKIP
@@ -61,7 +62,7 @@ def why_no_kernels() -> str | None:
 @functools.cache
 def library() -> BuiltLibrary:
     """The decode step's library, built once per process (cached on disk by content hash)."""
-    built = build(c_text("decode_step.c"), "decode_step")
+    built = build(c_text("decode_rows.c") + c_text("decode_step.c"), "decode_step")
     lib = built.lib
     lib.decode_step.argtypes = [ctypes.POINTER(Model), _ptr, ctypes.c_int, ctypes.c_int, _ptr]
     lib.decode_step.restype = None
