@@ -3,10 +3,11 @@
 Each projection's weight is packed in the narrowest layout its values fit
 (`kernels/packed_weights.py`: a GPTQ 4-bit weight as 4-bit codes with its group scales and
 offsets, an 8-bit one as bytes, anything else float32); the output head too, and a tied
-embedding reads its rows from the head's codes. `kernels/templates/decode_step.c` then runs
-every layer of one token (norms, projections, rotary embedding, attention over the KV cache,
-SiLU MLP, residuals, the head) inside one OpenMP region. The prompt runs through the model's
-own modules (`LlamaStep`, large matrix products) into the same KV cache.
+embedding reads its rows from the head's codes. `kernels/templates/decode_*.c` then run
+every layer of one token (norms, projections, rotary embedding from the model's own
+`rotary_emb` tables, its scaling included, attention over the KV cache, SiLU MLP, residuals,
+the head) inside one OpenMP region. The prompt runs through the model's own modules
+(`LlamaStep`, large matrix products) into the same KV cache.
 
 With `act_bits=32` activations stay float32 and weights are widened in registers, so the
 logits are the compressed model's (its weights as they are) up to summation order. With
@@ -35,7 +36,7 @@ from sparta_explore.compile.llama_step import LlamaStep, why_not_llama
 from sparta_explore.errors import ConfigError
 from sparta_explore.fake_quant import fake_quantize_runs
 from sparta_explore.kernels.build import compiler_available
-from sparta_explore.kernels.decode_step import MAX_BATCH, RUN, Layer, Model, library, mat_of, why_no_kernels
+from sparta_explore.kernels.decode_step import MAX_BATCH, RUN, Layer, Mat, Model, library, mat_of, why_no_kernels
 from sparta_explore.kernels.packed_weights import PackedWeight, pack_weight
 
 PROJECTIONS = (("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"), ("v", "self_attn.v_proj"),
@@ -66,9 +67,6 @@ def why_not_compiled(model: nn.Module) -> str | None:
     config = model.config
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"the MLP's activation is {config.hidden_act!r}, the step computes SiLU"
-    if getattr(config, "rope_scaling", None) and config.rope_scaling.get("rope_type", "default") not in ("default",
-                                                                                                      "llama3"):
-        return f"rotary scaling {config.rope_scaling!r}"
     if model.model.embed_tokens.weight.dtype != torch.float32:
         return f"the model's weights are {model.model.embed_tokens.weight.dtype}, the step runs float32 models"
     for i, layer in enumerate(model.model.layers):
@@ -180,7 +178,7 @@ class CompiledDecoder:
         self._keep.append(t)
         return t.data_ptr()
 
-    def _mat(self, name: str, linear: nn.Linear):
+    def _mat(self, name: str, linear: nn.Linear) -> Mat:
         packed = self.packed.get(name) or pack_weight(linear.weight, bits=None if self.pack else 32)
         self.packed[name] = packed
         mat, keep = mat_of(packed, linear.bias)
