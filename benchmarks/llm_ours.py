@@ -168,12 +168,13 @@ STEPS = {STEP_F32: (32, False), STEP: (32, True), STEP_A8: (8, True)}
 def step_rows(row: Row, max_len: int) -> list[Row]:
     """The compressed `row`'s model behind the compiled decode step (`CompiledDecoder`): its weights packed
     in the narrowest layout they fit, with float or int8 activations; the dense row also with float32 rows."""
-    out = []
+    out, packed = [], None  # the packed weights of the first packing decoder serve the next
     for suffix, (act_bits, pack) in STEPS.items():
         if suffix == STEP_F32 and row.name != DENSE:
             continue
         start = time.perf_counter()
-        decoder = CompiledDecoder(row.model, max_len, act_bits=act_bits, pack=pack)
+        decoder = CompiledDecoder(row.model, max_len, act_bits=act_bits, pack=pack, packed=packed if pack else None)
+        packed = decoder.packed if pack else packed
         layouts = decoder.formats().groupby("fmt").size().to_dict()
         note = f"decoder built in {time.perf_counter() - start:.0f} s: " + ", ".join(
             f"{n} {fmt}" for fmt, n in sorted(layouts.items()))

@@ -26,15 +26,14 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import pandas as pd
 import torch
 from torch import nn
 
 from sparta_explore.compile.llama_step import LlamaStep, why_not_llama
+from sparta_explore.compile.quantized_copy import RoundInput
 from sparta_explore.errors import ConfigError
-from sparta_explore.fake_quant import fake_quantize_runs
 from sparta_explore.kernels.build import compiler_available
 from sparta_explore.kernels.decode_step import MAX_BATCH, RUN, Layer, Mat, Model, library, mat_of, why_no_kernels
 from sparta_explore.kernels.packed_weights import PackedWeight, pack_weight
@@ -81,21 +80,6 @@ def why_not_compiled(model: nn.Module) -> str | None:
     return None
 
 
-class RoundRuns:
-    """A forward pre-hook rounding a linear's input per `run` columns to a symmetric `bits` grid (picklable).
-
-    Example:
-        >>> RoundRuns(2, 2)(None, (torch.tensor([[1.0, 0.3, 0.02, 0.01]]),))[0].tolist()
-        [[1.0, 0.0, 0.019999999552965164, 0.0]]
-    """
-
-    def __init__(self, run: int = RUN, bits: int = 8) -> None:
-        self.run, self.bits = int(run), int(bits)
-
-    def __call__(self, module: nn.Module | None, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        return (fake_quantize_runs(args[0], self.run, self.bits), *args[1:])
-
-
 @contextmanager
 def rounded_inputs(model: nn.Module) -> Iterator[nn.Module]:
     """`model` computing what `CompiledDecoder(model, ..., act_bits=8)` computes while the block runs: each
@@ -106,7 +90,8 @@ def rounded_inputs(model: nn.Module) -> Iterator[nn.Module]:
         ...     ppl = perplexity(llama, windows)
     """
     modules = [_linear(layer, path) for layer in model.model.layers for _, path in PROJECTIONS] + [model.lm_head]
-    handles = [m.register_forward_pre_hook(RoundRuns()) for m in modules if m is not None]
+    hook = RoundInput(8, per_image=False, run=RUN)
+    handles = [m.register_forward_pre_hook(hook) for m in modules if m is not None]
     try:
         yield model
     finally:

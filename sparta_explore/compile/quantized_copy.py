@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from sparta_explore.compile.table_reference import split_unread, weight_grid
-from sparta_explore.fake_quant import INT_BITS, fake_quantize_rows
+from sparta_explore.fake_quant import INT_BITS, fake_quantize_rows, fake_quantize_runs
 from sparta_explore.graph import Graph, capture
 from sparta_explore.kernels.compiled_op import quantized_images, quantized_input
 from sparta_explore.masking import masked_copy
@@ -39,24 +39,32 @@ from sparta_explore.tracing.kv_cache import kv_cache_off
 
 class RoundInput:
     """A forward pre-hook putting a module's first input on the symmetric `bits` grid an int8 kernel reads:
-    each row (a linear's input) or each image (a conv's: `per_image`).
+    each row (a linear's input), each image (a conv's: `per_image`), or each `run` consecutive elements of
+    the last dimension (the decode step's int8 activations, `compile/decoder.py`).
 
     Example:
         >>> lin = nn.Linear(2, 1)
         >>> _ = lin.register_forward_pre_hook(RoundInput(2, per_image=False))
         >>> RoundInput(2, False)(lin, (torch.tensor([[1.0, 0.3]]),))[0].tolist()
         [[1.0, 0.0]]
+        >>> RoundInput(2, False, run=2)(lin, (torch.tensor([[1.0, 0.3, 0.02, 0.01]]),))[0].tolist()
+        [[1.0, 0.0, 0.019999999552965164, 0.0]]
     """
 
-    def __init__(self, bits: int, per_image: bool) -> None:
-        self.bits, self.per_image = int(bits), bool(per_image)
+    def __init__(self, bits: int, per_image: bool, run: int | None = None) -> None:
+        self.bits, self.per_image, self.run = int(bits), bool(per_image), run
 
-    def __call__(self, module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        rounded = quantized_images(args[0], self.bits) if self.per_image else quantized_input(args[0], self.bits)
+    def __call__(self, module: nn.Module | None, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        x = args[0]
+        if self.run is not None:
+            rounded = fake_quantize_runs(x, self.run, self.bits)
+        else:
+            rounded = quantized_images(x, self.bits) if self.per_image else quantized_input(x, self.bits)
         return (rounded, *args[1:])
 
     def __repr__(self) -> str:
-        return f"RoundInput(bits={self.bits}, per_image={self.per_image})"
+        run = f", run={self.run}" if self.run is not None else ""
+        return f"RoundInput(bits={self.bits}, per_image={self.per_image}{run})"
 
 
 def quantized_copy(model: nn.Module, table: Mapping[str, TeSA], example_inputs: Any = None, *,
