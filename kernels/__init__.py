@@ -19,8 +19,9 @@ from sparta_explore.kernels.build import (
     vector_width,
 )
 from sparta_explore.kernels.compiled_op import CompiledOp, KernelGradError, KernelInputError
+from sparta_explore.kernels.int8_linear import Int8SparseLinear
 from sparta_explore.kernels.shrink import ShrunkLinear
-from sparta_explore.kernels.sparse_linear import Int8SparseLinear, KernelFallbackWarning, KernelLinear, SparseLinear
+from sparta_explore.kernels.sparse_linear import KernelFallbackWarning, KernelLinear, SparseLinear
 
 __all__ = ["CompiledOp", "Int8SparseLinear", "KernelBuildError", "KernelFallbackWarning", "KernelGradError",
            "KernelInputError", "KernelLinear", "ShrunkLinear", "SparseLinear", "build", "compiler_available",

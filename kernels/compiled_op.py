@@ -131,6 +131,17 @@ class CompiledOp(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} must implement reference")
 
 
+def float_inputs_only(op: CompiledOp) -> None:
+    """A ValueError naming `op` if it rounds its inputs (`act_bits` < 32): its `as_linear` is not what it computes.
+
+    Example:
+        >>> float_inputs_only(CompiledOp())
+    """
+    bits = getattr(op, "act_bits", FP32_BITS)
+    if bits != FP32_BITS:
+        raise ValueError(f"{op.op_name()} rounds its inputs to {bits} bits per row")
+
+
 def check_act_bits(bits: int) -> int:
     """`bits` if it is 32 (float input) or a grid the int8 kernels run (2..8), else a ValueError.
 

@@ -66,7 +66,8 @@ def library() -> BuiltLibrary:
     lib = built.lib
     lib.decode_step.argtypes = [ctypes.POINTER(Model), _ptr, ctypes.c_int, ctypes.c_int, _ptr]
     lib.decode_step.restype = None
-    lib.gemv.argtypes = [ctypes.POINTER(Mat), _ptr, ctypes.c_int, _ptr, ctypes.c_int, ctypes.c_int, _ptr]
+    lib.gemv.argtypes = [ctypes.POINTER(Mat), _ptr, ctypes.c_int, _ptr, ctypes.c_int, ctypes.c_int, ctypes.c_float,
+                         _ptr]
     lib.gemv.restype = None
     lib.act_floats.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.act_floats.restype = ctypes.c_long
@@ -97,9 +98,11 @@ def mat_of(packed: PackedWeight, bias: torch.Tensor | None = None) -> tuple[Mat,
 
 
 def gemv(packed: PackedWeight, x: torch.Tensor, bias: torch.Tensor | None = None, threads: int | None = None,
-         act_bits: int = 32) -> torch.Tensor:
-    """`x @ W^T + bias` for the rows of `x` (M, k), M <= MAX_BATCH per call (more rows run in chunks);
-    `act_bits=8` rounds `x` per 32 columns first (`fake_quantize_runs`) and runs the int8 kernels.
+         act_bits: int = 32, run: int = RUN) -> torch.Tensor:
+    """`x @ W^T + bias` for the rows of `x` (M, k), M <= MAX_BATCH per call (more rows run in chunks).
+
+    `act_bits` 2..8 rounds `x` first to a symmetric grid per `run` columns (`fake_quantize_runs`; `run=k`:
+    per row, `fake_quantize_rows`) and runs the int8 kernels; `run` is a multiple of 32 dividing k.
 
     Example:
         >>> gemv(pack_weight(torch.eye(8)), torch.arange(8.0)[None]).tolist()   # doctest: +SKIP
@@ -107,9 +110,10 @@ def gemv(packed: PackedWeight, x: torch.Tensor, bias: torch.Tensor | None = None
     """
     if x.dim() != 2 or x.shape[1] != packed.k:
         raise ValueError(f"gemv: expected an (M, {packed.k}) input, got {tuple(x.shape)}")
-    if act_bits not in (8, 32) or (act_bits == 8 and packed.k % RUN):
-        raise ValueError(f"gemv: act_bits is 32, or 8 for rows of a multiple of {RUN} columns; got {act_bits} "
-                         f"for {packed.k} columns")
+    rounds = act_bits != 32
+    if rounds and (act_bits not in range(2, 9) or run <= 0 or run % RUN or packed.k % run):
+        raise ValueError(f"gemv: act_bits is 32, or 2..8 with a run of a multiple of {RUN} columns dividing the "
+                         f"row; got {act_bits} bits in runs of {run} for {packed.k} columns")
     x = x.detach().float().contiguous()
     out = torch.empty(x.shape[0], packed.n, dtype=torch.float32)
     mat, _keep = mat_of(packed, bias)
@@ -118,6 +122,6 @@ def gemv(packed: PackedWeight, x: torch.Tensor, bias: torch.Tensor | None = None
     scratch = torch.empty(lib.act_floats(MAX_BATCH, packed.k), dtype=torch.float32)
     for start in range(0, x.shape[0], MAX_BATCH):
         rows = min(MAX_BATCH, x.shape[0] - start)
-        lib.gemv(ctypes.byref(mat), x[start].data_ptr(), rows, out[start].data_ptr(), threads, int(act_bits == 8),
-                 scratch.data_ptr())
+        lib.gemv(ctypes.byref(mat), x[start].data_ptr(), rows, out[start].data_ptr(), threads, run if rounds else 0,
+                 float(2 ** (act_bits - 1) - 1), scratch.data_ptr())
     return out

@@ -16,7 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sparta_explore.kernels.compiled_op import CompiledOp, check_act_bits, quantized_images, quantized_input
+from sparta_explore.kernels.compiled_op import (
+    CompiledOp,
+    check_act_bits,
+    float_inputs_only,
+    quantized_images,
+    quantized_input,
+)
 from sparta_explore.kernels.sparse_linear import _ACT, check_linear_args
 
 
@@ -48,6 +54,12 @@ class DenseLinear(CompiledOp):
 
     def _fast(self, x: torch.Tensor) -> torch.Tensor:
         return self.reference(x)
+
+    def as_linear(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(weight, bias) of the dense linear this op computes before its activation
+        (a ValueError for an op that rounds its inputs)."""
+        float_inputs_only(self)
+        return self.weight, self.bias
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """PyTorch's dense op, in `x`'s dtype (input rows on their grid if `act_bits` <= 8): its own reference."""
@@ -187,6 +199,10 @@ class SummedParts(CompiledOp):
 
     def _fast(self, x: torch.Tensor) -> torch.Tensor:
         return self._combine(p(x) for p in self.parts)
+
+    def as_linear(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(weight, bias): the parts' weights summed (they cover disjoint elements) and this op's bias."""
+        return sum(p.as_linear()[0] for p in self.parts), self.bias
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """The parts' references summed, then bias and activation."""

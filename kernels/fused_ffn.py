@@ -41,8 +41,9 @@ from sparta_explore.kernels import output_pool
 from sparta_explore.kernels.build import BuiltLibrary, KernelBuildError, build, load_library
 from sparta_explore.kernels.c_templates import c_text
 from sparta_explore.kernels.compiled_op import CompiledOp
+from sparta_explore.kernels.int8_linear import Int8SparseLinear
 from sparta_explore.kernels.permute_int8 import PermutedInt8Linear
-from sparta_explore.kernels.sparse_linear import Int8SparseLinear, KernelLinear, SparseLinear
+from sparta_explore.kernels.sparse_linear import KernelLinear, SparseLinear
 
 DRIVER_NAME = "fused_pair"  # the driver library (plain C: no vector code, so it builds for any x86-64 CPU)
 WHOLE_TILES = 4  # tiles of M per thread from which a kernel's driver runs whole tiles (templates/fp32_driver.c)

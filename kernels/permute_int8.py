@@ -38,8 +38,8 @@ from sparta_explore.kernels.bsr_codegen import _ACTIVATIONS, _PRELUDE
 from sparta_explore.kernels.build import build, cpu_flags
 from sparta_explore.kernels.c_templates import c_fill, c_text
 from sparta_explore.kernels.int8_codegen import quantize_rows
+from sparta_explore.kernels.int8_linear import Int8SparseLinear
 from sparta_explore.kernels.lowbit_codegen import offset_correction
-from sparta_explore.kernels.sparse_linear import Int8SparseLinear
 
 NEEDS = frozenset({"avx512vbmi", "avx512_vnni"})  # /proc/cpuinfo flags of vpermb and vpdpbusd on 512 bits
 ROWS, WINDOW, QUAD = 16, 64, 4  # rows per block (int32 lanes), k per window (bytes of one vector), k per lane

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from sparta_explore.compact import kept_only
-from sparta_explore.kernels.compiled_op import CompiledOp, check_act_bits, quantized_input
+from sparta_explore.kernels.compiled_op import CompiledOp, check_act_bits, float_inputs_only, quantized_input
 from sparta_explore.kernels.sparse_linear import _ACT, check_linear_args
 
 
@@ -49,6 +49,14 @@ class ShrunkLinear(CompiledOp):
     def density(self) -> float:
         """Fraction of the full weight that is nonzero (what effective FLOPs count)."""
         return int(torch.count_nonzero(self.weight_small)) / (self.out_features * self.in_features)
+
+    def as_linear(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(weight, bias) of the full-size linear this op computes: the kept block among zeros
+        (a ValueError for an op that rounds its inputs)."""
+        float_inputs_only(self)
+        weight = torch.zeros(self.out_features, self.in_features)
+        weight[self.rows[:, None], self.cols] = self.weight_small
+        return weight, self.bias_full
 
     def _fast(self, x: torch.Tensor) -> torch.Tensor:
         x = quantized_input(x, self.act_bits)  # the whole row's scale, before any column is cut

@@ -43,8 +43,9 @@ from sparta_explore.fake_quant import quantized_conv2d, row_scales
 from sparta_explore.kernels import output_pool
 from sparta_explore.kernels.compiled_op import CompiledOp, KernelInputError, describe
 from sparta_explore.kernels.conv_geometry import ConvGeometry
+from sparta_explore.kernels.int8_linear import Int8SparseLinear
 from sparta_explore.kernels.kernel_io import KernelIO
-from sparta_explore.kernels.sparse_linear import Int8SparseLinear, KernelLinear, SparseLinear
+from sparta_explore.kernels.sparse_linear import KernelLinear, SparseLinear
 
 
 class ImplicitConvLinear(SparseLinear):

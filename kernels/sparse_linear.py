@@ -16,28 +16,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sparta_explore import fake_quant
 from sparta_explore.activations import ACTIVATIONS
 from sparta_explore.compact import count_true, kept_only
-from sparta_explore.fake_quant import qmax, quantized_linear
 from sparta_explore.kernels import output_pool
 from sparta_explore.kernels.bsr_codegen import ROWS_IO, KernelIO, TileConfig
-from sparta_explore.kernels.build import BuiltLibrary, KernelBuildError, build, cpu_flags, load_library, vector_width
-from sparta_explore.kernels.compiled_op import CompiledOp
+from sparta_explore.kernels.build import BuiltLibrary, KernelBuildError, build, load_library, vector_width
+from sparta_explore.kernels.compiled_op import CompiledOp, float_inputs_only
 from sparta_explore.kernels.fp32_layouts import FP32_LAYOUTS
-from sparta_explore.kernels.int8_codegen import (
-    generate_int8_source,
-    pack_pairs,
-    panel_k_for,
-    prepare_groups,
-    quantize_rows,
-    scattered,
-    tile_rows_for,
-)
-from sparta_explore.kernels.lowbit_codegen import offset_correction, pack_quads
 from sparta_explore.kernels.pattern_data import KernelSource, pattern_struct
+from sparta_explore.kernels.row_path import RowPath, attach, why_no_row_path
 from sparta_explore.kernels.tuning import search_tiles
-from sparta_explore.kernels.vnni_codegen import WIDE_MIN_M, DotMode, dot_mode, for_scattered, native_dot_mode
 
 _ACT = {name: act.torch_fn for name, act in ACTIVATIONS.items()}  # the one table: sparta_explore/activations.py
 
@@ -75,7 +63,7 @@ class KernelLinear(CompiledOp):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kept: torch.Tensor, *, block_rows: int = 1,
                  activation: str = "none", cache_dir: str | os.PathLike | None = None, check: bool = True,
                  tile: TileConfig | str = TileConfig(), expected_m: int = 1024, tile_searched: bool = False,
-                 zeroed: bool = False) -> None:
+                 zeroed: bool = False, few_rows: bool | int = False) -> None:
         super().__init__()
         check_linear_args(weight, kept, activation)
         self.out_features, self.in_features = weight.shape
@@ -118,11 +106,44 @@ class KernelLinear(CompiledOp):
             self._fn = None
             warnings.warn(f"{type(self).__name__} {self.out_features}x{self.in_features}: kernel unusable ({e}); "
                           "running the reference op", KernelFallbackWarning, stacklevel=2)
+        # inputs of up to `few_rows` rows (one decode token) through the one-row kernels (row_path.py)
+        self.rows = self._few_row_path(few_rows) if few_rows and self._fn is not None else None
+        self.few_rows = 0 if self.rows is None else self.rows.up_to
+        rows_done = time.perf_counter()
         gcc = self.built.build_seconds if self.built is not None else 0.0
         # where this op's construction went (compile's breakdown, `CompiledModel.compile_times`)
         self.build_seconds = {"tile search": searched - start if searching else 0.0,
                               "gcc + load": min(gcc, max(0.0, built - searched)),
-                              "codegen": max(0.0, built - searched - gcc), "kernel check": max(0.0, checked - built)}
+                              "codegen": max(0.0, built - searched - gcc), "kernel check": max(0.0, checked - built),
+                              "few-row path": rows_done - checked}
+
+    def _few_row_path(self, few_rows: bool | int) -> RowPath | None:
+        """The op's product as a `row_path.RowPath`, checked against `reference`: for as many rows as it measures
+        faster than this kernel (`few_rows=True`), or for `few_rows` rows as given (a rebuilt or loaded op keeps
+        its decision). Plain rows only: ops reading their input another way (convolution patches) keep theirs."""
+        if type(self)._fast is not KernelLinear._fast:
+            return None
+        name = self.label or f"{type(self).__name__} {self.out_features}x{self.in_features}"
+        return attach(name, self.effective_weight(), self.bias, getattr(self, "act_bits", 32), _ACT[self.activation],
+                      self._fast, self.reference, rows=None if few_rows is True else int(few_rows))
+
+    def _rows(self) -> RowPath | None:
+        """The few-row path, packed again after a copy or a load (only its row count is kept with the op)."""
+        rows = self.__dict__.get("rows")
+        if rows is None and self.__dict__.get("few_rows", 0) and why_no_row_path() is None:
+            rows = self.rows = RowPath(self.effective_weight(), self.bias, getattr(self, "act_bits", 32),
+                                       self.few_rows)
+        return rows
+
+    def effective_weight(self) -> torch.Tensor:
+        """The float weight `reference` multiplies (masked; on its grid for integer ops)."""
+        return self.weight
+
+    def as_linear(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(weight, bias) of the dense linear this op computes before its activation
+        (a ValueError for an op that rounds its inputs)."""
+        float_inputs_only(self)
+        return self.effective_weight(), self.bias
 
     def _keep_tables(self, source: KernelSource | None) -> None:
         """Hold the pattern tables a kernel built `as_data` reads at run time (None / baked: it reads none)."""
@@ -149,7 +170,8 @@ class KernelLinear(CompiledOp):
         """The constructor arguments that generate this op again (tile and fusion as chosen, no search)."""
         return (self.weight, self.bias, self.kept), {"block_rows": self.block_rows, "activation": self.activation,
                                                      "cache_dir": cache_dir, "tile": self.tile,
-                                                     "expected_m": self.expected_m, "zeroed": True}
+                                                     "expected_m": self.expected_m, "zeroed": True,
+                                                     "few_rows": self.__dict__.get("few_rows", 0)}
 
     def rebuilt(self, cache_dir: str | os.PathLike | None = None, **changes: object) -> KernelLinear:
         """The same op generated and built again for this machine (a saved model loaded where the ISA differs),
@@ -186,6 +208,7 @@ class KernelLinear(CompiledOp):
         state.pop("_struct", None)
         state.pop("pattern_address", None)
         state.pop("_weight_levels", None)  # a cache of the weight grid, made again on first use
+        state.pop("rows", None)  # the few-row path: packed again from the weight on first use (`few_rows` stays)
         built = state.get("built")
         state["built"] = None if built is None else built.detached()
         state["_bound"] = self._fn is not None
@@ -213,6 +236,8 @@ class KernelLinear(CompiledOp):
             return self.reference(x)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).contiguous()
+        if x2.shape[0] <= self.__dict__.get("few_rows", 0) and (rows := self._rows()) is not None:
+            return _ACT[self.activation](rows(x2)).reshape(*lead, self.out_features)
         y = output_pool.take((x2.shape[0], self.out_features))  # no page faults on memory freed by a last call
         self._run(x2, y)
         return y.reshape(*lead, self.out_features)
@@ -288,128 +313,3 @@ def search(weight: torch.Tensor, bias: torch.Tensor | None, kept: torch.Tensor, 
 
     return search_tiles(kept, make, block_rows=block_rows, activation=activation, m=m, cache_dir=cache_dir,
                         repeats=repeats)
-
-
-def _resolve_dot(dot: str | None, emulate: bool) -> DotMode | None:
-    """The VNNI dot mode to build: "auto" from the CPU flags, None for none, or a named mode."""
-    if dot is None:
-        return None
-    if dot == "auto":
-        return native_dot_mode(cpu_flags())
-    mode = dot_mode(dot)
-    if not emulate and not mode.needs <= cpu_flags():
-        missing = ", ".join(sorted(mode.needs - cpu_flags()))
-        raise ValueError(f"dot mode {dot!r} needs CPU flags this machine lacks ({missing}); "
-                         "pass emulate_dot=True to run its portable C")
-    return mode
-
-
-class Int8SparseLinear(KernelLinear):
-    """y = act(dequant(q(x) q(W_kept)^T) + b): integer activations (per row) and weights (per output row).
-
-    Integer products accumulate exactly in int32, so the kernel matches `reference`, the
-    same quantization done in PyTorch, to float rounding. `weight_bits` / `act_bits` (2..8)
-    choose the symmetric grids; all run as int8. `variant` says which kernel runs: "vnni"
-    (`vpdpbusd`, where the CPU has AVX-512 VNNI or AVX-VNNI), "int16" (AVX2 `vpmaddwd` on
-    int16 pairs) or "u8" (AVX2 `vpmaddubsw`, weight grids of 6 bits or fewer); padded work
-    and loop steps decide between quads and pairs (`int8_codegen.prepare_groups`). `dot`:
-    "auto" (from the CPU flags), None (no VNNI), or a mode of `vnni_codegen.DOT_MODES`;
-    `emulate_dot=True` runs that mode's exact portable C (tests on CPUs without VNNI).
-    `dot_path` names what ran, e.g. "avx512_vnni (emulated)". `expected_m` (rows per call)
-    decides whether scattered patterns take the wide one-row VNNI tiles (`WIDE_MIN_M`).
-
-    Example:
-        >>> q = Int8SparseLinear(lin.weight, lin.bias, kept, block_rows=32)  # doctest: +SKIP
-        >>> q.variant, q.dot_path  # doctest: +SKIP
-        ('vnni', 'avx512_vnni')
-    """
-
-    exact_grad = False  # rounding the input has no useful gradient
-    one_word_io = False  # True where `_kernel_io` reads packed words at uneven offsets (one word per piece)
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kept: torch.Tensor, *,
-                 weight_bits: int = 8, act_bits: int = 8, dot: str | None = "auto", emulate_dot: bool = False,
-                 **kwargs) -> None:
-        qmax(weight_bits)
-        qmax(act_bits)
-        self.weight_bits, self.act_bits = int(weight_bits), int(act_bits)
-        self.dot_request = dot  # as asked ("auto": this CPU's); `dot` is what was built
-        self.dot = _resolve_dot(dot, emulate_dot)
-        self.emulate_dot = bool(emulate_dot)
-        self.variant = "reference"
-        super().__init__(weight, bias, kept, **kwargs)
-
-    @property
-    def dot_path(self) -> str:
-        """The instruction path that runs: a VNNI mode (maybe emulated), "avx2 int16", "avx2 u8" or "reference"."""
-        if self.fallback_reason is not None:
-            return "reference"
-        if self.variant == "vnni" and self.dot is not None:
-            return self.dot.name + (" (emulated)" if self.emulate_dot else "")
-        return self.variant if self.variant == "reference" else f"avx2 {self.variant}"
-
-    def _arguments(self, cache_dir: str | os.PathLike | None) -> tuple[tuple, dict]:
-        args, kwargs = super()._arguments(cache_dir)
-        del kwargs["tile"]  # integer kernels tile by their instruction path, not by a TileConfig
-        return args, {**kwargs, "weight_bits": self.weight_bits, "act_bits": self.act_bits, "dot": self.dot_request,
-                      "emulate_dot": self.emulate_dot}
-
-    def _kernel_matrix(self, weight: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The (weight, kept) the kernel multiplies, its k in packing order: the linear's own here."""
-        return weight, kept
-
-    def _kernel_io(self, tile_rows: int, variant: str) -> KernelIO | None:
-        """How the kernel reads X and writes Y: None for row-major rows, each quantized on its own grid."""
-        return None
-
-    def _build(self, kept: np.ndarray, block_rows: int, cache_dir) -> None:
-        if "avx2" not in cpu_flags():
-            raise ValueError("int8 kernels need AVX2")
-        weight, kept = self._kernel_matrix(self.weight.numpy(), kept)
-        groups, variant = prepare_groups(kept, block_rows, self.weight_bits, self.act_bits, self.dot,
-                                         self.one_word_io)
-        if variant == "vnni" and self.dot is not None and scattered(groups, 4) and self.expected_m >= WIDE_MIN_M:
-            self.dot = for_scattered(self.dot)
-        wq, scale = quantize_rows(weight, kept, self.weight_bits)
-        self.register_buffer("weight_q", torch.from_numpy(wq))
-        self.register_buffer("weight_scale", torch.from_numpy(scale))
-        self._tile = tile_rows_for(variant, self.dot)
-        name = "sparse_linear_int8"
-        io = self._kernel_io(self._tile, variant)
-        panel_k = 0 if io is not None else panel_k_for(variant, self.dot, groups, kept.shape[1])
-        source = generate_int8_source(groups, self.out_features, kept.shape[1], self.activation, name,
-                                      self.act_bits, self.weight_bits, variant, self.dot, self.emulate_dot, panel_k,
-                                      io, as_data=PATTERN_AS_DATA)
-        self.built = build(source.text, name, cache_dir=cache_dir, emulated=self.emulate_dot and variant == "vnni")
-        self._keep_tables(source)
-        quads = variant != "int16"
-        self._packed = torch.from_numpy(pack_quads(wq, groups) if quads else pack_pairs(wq, groups))
-        self._corr = torch.from_numpy(offset_correction(wq)) if quads else None
-        self._bind(self.built.lib)
-        self.variant = variant
-
-    def _bind(self, lib: ctypes.CDLL) -> None:
-        fn = lib.sparse_linear_int8
-        fn.restype = None
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
-                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        self._fn = fn
-
-    def _run(self, x2: torch.Tensor, y: torch.Tensor, rows: int | None = None,
-             x_scales: torch.Tensor | None = None) -> None:
-        self._fn(x2.data_ptr(), y.data_ptr(), x2.shape[0] if rows is None else rows, self._packed.data_ptr(),
-                 None if self._corr is None else self._corr.data_ptr(), self.weight_scale.data_ptr(),
-                 None if self.bias is None else self.bias.data_ptr(),
-                 None if x_scales is None else x_scales.data_ptr(), self.pattern_address)
-
-    def reference(self, x: torch.Tensor) -> torch.Tensor:
-        """The same quantization in PyTorch (sparta_explore.fake_quant.quantized_linear), then the activation.
-
-        Other float dtypes are quantized from their float32 value; the result comes back in `x`'s dtype.
-        """
-        levels = self.__dict__.get("_weight_levels")
-        if levels is None:  # the weight is fixed: its grid is computed once (compile checks call this often)
-            levels = self.__dict__["_weight_levels"] = fake_quant.quantize_rows(self.weight, self.weight_bits)
-        y = quantized_linear(x.float(), self.weight, self.bias, weight_bits=self.weight_bits, act_bits=self.act_bits,
-                             weight_levels=levels)
-        return _ACT[self.activation](y).to(x.dtype)

@@ -165,10 +165,6 @@ INLINE void row_u4_f32(const Mat *m, int n, const float *x, int ldx, int nb, flo
     reduce(acc, nb, out);
 }
 
-/* Int8 activations: 32 products a vpmaddubsw (unsigned x signed bytes, pairs summed to int16), pairs
-   of those summed to int32 by vpmaddwd, then scale * d (the weight group's and the activation run's)
-   once a run, and offset * xs (the run's sum of rounded inputs). U4 codes are 0..15, unsigned as they
-   are; U8 codes are signed (code - 128), so the sign moves onto the activation (|c| * sign(q, c)). */
 INLINE __m256 run_dot(__m256i codes, __m256i q, const int is_signed) {
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256i pairs = is_signed ? _mm256_maddubs_epi16(_mm256_abs_epi8(codes), _mm256_sign_epi8(q, codes))
@@ -176,7 +172,7 @@ INLINE __m256 run_dot(__m256i codes, __m256i q, const int is_signed) {
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
 }
 
-INLINE void row_q_int8(const Mat *m, int n, const Act *a, int nb, float *out, const int bits, const int PER) {
+INLINE void row_q_int8_runs(const Mat *m, int n, const Act *a, int nb, float *out, const int bits, const int PER) {
     const int runs = m->k / 32, per = PER ? PER : m->group / 32, groups = (m->k + m->group - 1) / m->group;
     const int ld = a->ldx / QBLOCK; /* runs per row of activations */
     const float *scales = m->grid + (long)n * groups * 2, *offs = scales + groups;
@@ -226,14 +222,91 @@ INLINE void row_q_int8(const Mat *m, int n, const Act *a, int nb, float *out, co
                  + off[b];
 }
 
+/* Int8 activations: 32 products a vpmaddubsw (unsigned x signed bytes, pairs summed to int16). U4 codes are
+   0..15, unsigned as they are; U8 codes are signed (code - 128), so the sign moves onto the activation
+   (|c| * sign(q, c)). Four runs are summed side by side into one vector [r0 r1 r2 r3 | r0 r1 r2 r3] (each
+   half holds one 16-column half of each run): one int -> float conversion and one FMA with the runs'
+   scale * d then serve four runs, and the grids are read as vectors, with no per-row prologue. */
+INLINE __m256i four_runs(const __m256i codes[4], const int8_t *q, const int is_signed) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i p[4];
+    for (int t = 0; t < 4; ++t) {
+        const __m256i qt = _mm256_loadu_si256((const __m256i *)(q + 32 * t));
+        p[t] = is_signed ? _mm256_maddubs_epi16(_mm256_abs_epi8(codes[t]), _mm256_sign_epi8(qt, codes[t]))
+                         : _mm256_maddubs_epi16(codes[t], qt);
+    }
+    if (is_signed) { /* pairs of up to 128 * 127 * 2: summed further only as int32 */
+        for (int t = 0; t < 4; ++t) p[t] = _mm256_madd_epi16(p[t], ones);
+        return _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    }
+    /* 4-bit codes: 8 products of at most 15 * 127 stay within int16, so two int16 levels precede the widening */
+    return _mm256_madd_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3])), ones);
+}
+
+/* A group-level value (scale or offset) for runs r..r+3 (r a multiple of 4), `per` runs a group. */
+INLINE __m128 per_run4(const float *v, int r, const int per) {
+    if (per == 1) return _mm_loadu_ps(v + r);
+    if (per == 2) {
+        const __m128 t = _mm_castpd_ps(_mm_load_sd((const double *)(v + r / 2)));
+        return _mm_unpacklo_ps(t, t);
+    }
+    if (per % 4 == 0) return _mm_set1_ps(v[r / per]);
+    return _mm_setr_ps(v[r / per], v[(r + 1) / per], v[(r + 2) / per], v[(r + 3) / per]);
+}
+
+INLINE __m256i u4_codes(const uint8_t *c, int run, __m256i low) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)(c + run / 2 * 32));
+    return run % 2 == 0 ? _mm256_and_si256(raw, low) : _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+}
+
+INLINE void row_q_int8_quads(const Mat *m, int n, const Act *a, int nb, float *out, const int bits, const int PER) {
+    const int runs = m->k / 32, per = PER ? PER : m->group / 32, groups = (m->k + m->group - 1) / m->group;
+    const int ld = a->ldx / QBLOCK; /* runs per row of activations */
+    const float *scales = m->grid + (long)n * groups * 2, *offs = scales + groups;
+    const uint8_t *c = m->codes + (long)n * (bits == 4 ? m->k / 2 : m->k);
+    const __m256i low = _mm256_set1_epi8(15);
+    __m256 acc[CHUNK];
+    __m128 off[CHUNK]; /* offset * the run's sum of rounded inputs */
+    for (int b = 0; b < CHUNK; ++b) { acc[b] = _mm256_setzero_ps(); off[b] = _mm_setzero_ps(); }
+    int r = 0;
+    for (; r + 4 <= runs; r += 4) {
+        __m256i codes[4];
+        for (int t = 0; t < 4; ++t)
+            codes[t] = bits == 4 ? u4_codes(c, r + t, low) : _mm256_loadu_si256((const __m256i *)(c + (r + t) * 32));
+        const __m128 s4 = per_run4(scales, r, per), o4 = per_run4(offs, r, per);
+        const __m256 s8 = _mm256_set_m128(s4, s4);
+        for (int b = 0; b < nb; ++b) {
+            const __m256i v = four_runs(codes, a->q + (long)b * a->ldx + r * 32, bits == 8);
+            const __m256 sd = _mm256_mul_ps(s8, _mm256_broadcast_ps((const __m128 *)(a->d + (long)b * ld + r)));
+            acc[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), sd, acc[b]);
+            off[b] = _mm_fmadd_ps(o4, _mm_loadu_ps(a->xs + (long)b * ld + r), off[b]);
+        }
+    }
+    float tail[CHUNK] = {0.0f};
+    for (; r < runs; ++r) { /* the last runs % 4 runs, one at a time */
+        const __m256i codes = bits == 4 ? u4_codes(c, r, low) : _mm256_loadu_si256((const __m256i *)(c + r * 32));
+        for (int b = 0; b < nb; ++b) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(a->q + (long)b * a->ldx + r * 32));
+            const __m256i pairs = bits == 8 ? _mm256_maddubs_epi16(_mm256_abs_epi8(codes), _mm256_sign_epi8(q, codes))
+                                            : _mm256_maddubs_epi16(codes, q);
+            const float d = a->d[(long)b * ld + r];
+            acc[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1))),
+                                     _mm256_set1_ps(scales[r / per] * d), acc[b]);
+            tail[b] += offs[r / per] * a->xs[(long)b * ld + r];
+        }
+    }
+    for (int b = 0; b < nb; ++b)
+        out[b] = hsum(_mm256_add_ps(acc[b], _mm256_zextps128_ps256(off[b]))) + tail[b];
+}
+
 /* nb as a constant in each call, so the always-inlined row code keeps its accumulators in registers. */
 #define BY_ROWS(CALL) switch (nb) { case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; default: CALL(4); }
 #define F32_ROW(NB) row_f32(m->w + (long)n * m->k, m->k, x, ldx, NB, out)
 #define U8_ROW(NB) row_u8_f32(m, n, x, ldx, NB, out)
 #define U4_ROW(NB) if (m->group == 32) row_u4_f32(m, n, x, ldx, NB, out, 1); else row_u4_f32(m, n, x, ldx, NB, out, 0)
 /* runs a group spans as a constant where common (1: groups of 32; 4: of 128), so no division a run */
-#define U8_I8_ROW(NB) if (per == 1) row_q_int8(m, n, &sub, NB, out, 8, 1); else if (per == 4) row_q_int8(m, n, &sub, NB, out, 8, 4); else row_q_int8(m, n, &sub, NB, out, 8, 0)
-#define U4_I8_ROW(NB) if (per == 1) row_q_int8(m, n, &sub, NB, out, 4, 1); else if (per == 4) row_q_int8(m, n, &sub, NB, out, 4, 4); else row_q_int8(m, n, &sub, NB, out, 4, 0)
+#define U8_I8_ROW(NB) if (per == 1) row_q_int8_quads(m, n, &sub, NB, out, 8, 1); else if (per == 4) row_q_int8_quads(m, n, &sub, NB, out, 8, 4); else row_q_int8_quads(m, n, &sub, NB, out, 8, 0)
+#define U4_I8_ROW(NB) if (per == 1) row_q_int8_runs(m, n, &sub, NB, out, 4, 1); else if (per == 4) row_q_int8_quads(m, n, &sub, NB, out, 4, 4); else row_q_int8_quads(m, n, &sub, NB, out, 4, 0)
 
 static void mat_row(const Mat *m, int n, const Act *a, int b0, int nb, float *out) {
     const float *x = a->x + (long)b0 * a->ldx;
@@ -268,31 +341,53 @@ static void gemv_shared(const Mat *m, const Act *a, int B, float *y, int ldy, in
 /* Floats an int8 input of (B, k) needs in scratch: codes, the rounded values, scales and run sums. */
 long act_floats(int batch, int k) { return (long)batch * (k / 4 + k + 2 * (k / QBLOCK)) + 8; }
 
-/* x (B, k) rounded per 32 columns into `a`, laid out in `scratch` (act_floats(B, k)). Each thread rounds
-   the whole input into its own scratch: B k values, cheaper than the barrier a shared copy needs. */
-static void round_input(const float *x, int B, int k, float *scratch, Act *a) {
-    const int runs = k / QBLOCK;
-    float *xhat = scratch, *d = xhat + (long)B * k, *xs = d + (long)B * runs;
-    int8_t *q = (int8_t *)(xs + (long)B * runs);
+/* max |x| over the 32 values of v */
+static inline float abs_max(const __m256 v[4]) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int t = 0; t < 4; ++t) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[t]));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    return _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+}
+
+/* max |x| over n values, n a multiple of 32 */
+static float abs_max_of(const float *x, int n) {
+    float m = 0.0f;
+    for (int j = 0; j < n; j += 32) {
+        __m256 v[4];
+        for (int t = 0; t < 4; ++t) v[t] = _mm256_loadu_ps(x + j + 8 * t);
+        const float here = abs_max(v);
+        m = here > m ? here : m;
+    }
+    return m;
+}
+
+/* x (B, k) rounded into `a`, laid out in `scratch` (act_floats(B, k)): one symmetric grid of +-levels
+   (127 for int8) per `run` columns (QBLOCK, or k: one grid a row, as the int8 sparse kernels round).
+   Each thread of the step rounds the whole input into its own scratch: B k values, cheaper than the
+   barrier a shared copy needs. */
+static void round_input(const float *x, int B, int k, int run, float levels, float *scratch, Act *a) {
+    const int blocks = k / QBLOCK, per = run / QBLOCK;
+    float *xhat = scratch, *d = xhat + (long)B * k, *xs = d + (long)B * blocks;
+    int8_t *q = (int8_t *)(xs + (long)B * blocks);
     *a = (Act){xhat, k, q, d, xs};
-    const __m256 sign = _mm256_set1_ps(-0.0f), top = _mm256_set1_ps(127.0f), bottom = _mm256_set1_ps(-127.0f);
-    for (int i = 0; i < B * runs; ++i) {
-        const float *src = x + (long)(i / runs) * k + (i % runs) * QBLOCK;
-        __m256 v[4], m = _mm256_setzero_ps();
-        for (int t = 0; t < 4; ++t) {
-            v[t] = _mm256_loadu_ps(src + 8 * t);
-            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[t]));
+    const __m256 top = _mm256_set1_ps(levels), bottom = _mm256_set1_ps(-levels);
+    float scale = 1.0f;
+    for (int i = 0; i < B * blocks; ++i) {
+        const float *src = x + (long)(i / blocks) * k + (i % blocks) * QBLOCK;
+        __m256 v[4];
+        for (int t = 0; t < 4; ++t) v[t] = _mm256_loadu_ps(src + 8 * t);
+        if (i % per == 0) {
+            const float amax = per == 1 ? abs_max(v) : abs_max_of(src, run);
+            scale = amax > 0.0f ? amax / levels : 1.0f;
         }
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-        const float scale = amax > 0.0f ? amax / 127.0f : 1.0f;
         const __m256 sv = _mm256_set1_ps(scale);
         __m256 sum = _mm256_setzero_ps();
         __m256i c[4];
         for (int t = 0; t < 4; ++t) { /* x / scale (a true division, as torch's), rounded half to even */
-            const __m256 r = _mm256_min_ps(top, _mm256_max_ps(bottom, _mm256_round_ps(_mm256_div_ps(v[t], sv),
-                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+            const __m256 r = _mm256_min_ps(top, _mm256_max_ps(bottom, _mm256_round_ps(
+                _mm256_div_ps(v[t], sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
             _mm256_storeu_ps(xhat + (long)i * QBLOCK + 8 * t, _mm256_mul_ps(r, sv));
             sum = _mm256_add_ps(sum, r);
             c[t] = _mm256_cvtps_epi32(r);
@@ -307,11 +402,12 @@ static void round_input(const float *x, int B, int k, float *scratch, Act *a) {
     }
 }
 
-/* The same product on its own (one-row kernels for any caller: tests, small-M linears); act_q rounds
-   the input first, in `scratch` (act_floats(B, k)). */
-void gemv(const Mat *m, const float *x, int B, float *y, int threads, int act_q, float *scratch) {
+/* The same product on its own (one-row kernels for any caller: tests, small-M linears). run > 0 rounds
+   the input first, one grid of +-levels per `run` columns (a multiple of 32 dividing k), in `scratch`
+   (act_floats(B, k)); run = 0 keeps it float. */
+void gemv(const Mat *m, const float *x, int B, float *y, int threads, int run, float levels, float *scratch) {
     Act a = {x, m->k, NULL, NULL, NULL};
-    if (act_q) round_input(x, B, m->k, scratch, &a);
+    if (run > 0) round_input(x, B, m->k, run, levels, scratch, &a);
 #pragma omp parallel num_threads(threads)
     gemv_shared(m, &a, B, y, m->n, 0);
 }

@@ -69,7 +69,7 @@ void decode_step(const Model *m, const int64_t *tokens, int B, int pos, float *l
     const float *cs = m->cos + (long)pos * hd, *sn = m->sin + (long)pos * hd;
 /* A projection's input: rounded to int8 runs in the thread's own scratch when act_q, else as it is. */
 #define INPUT(src, width)                                                                                        \
-    if (m->act_q) round_input(src, B, width, mine + (long)B * wide, &a);                                        \
+    if (m->act_q) round_input(src, B, width, QBLOCK, 127.0f, mine + (long)B * wide, &a);                                        \
     else a = (Act){src, width, NULL, NULL, NULL};
 #pragma omp parallel num_threads(m->threads)
     {

@@ -55,6 +55,8 @@ class CompileConfig:
       the ops still to choose take the device profile's favourite (built and checked, not
       timed, no tile search); their notes, `CompiledModel.capped` and a trial row's
       ``compile_capped`` count them. The checks and the guard always run.
+    * `few_rows`: give each sparse and int8 linear the one-row kernels for inputs of 1-8 rows (a
+      decode token) where they measure faster than its kernel at those rows (`kernels/row_path.py`).
     """
 
     choose: str = "measured"
@@ -70,6 +72,7 @@ class CompileConfig:
     choices: tuple[tuple[str, str], ...] = ()
     inplace: bool = False
     max_seconds: float | None = None
+    few_rows: bool = True
 
     def __post_init__(self) -> None:
         if self.passes is not None:

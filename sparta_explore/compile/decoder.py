@@ -42,11 +42,34 @@ PROJECTIONS = (("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"), ("v", "self
                ("o", "self_attn.o_proj"), ("gate", "mlp.gate_proj"), ("up", "mlp.up_proj"), ("down", "mlp.down_proj"))
 
 
-def _linear(layer: nn.Module, path: str) -> nn.Linear | None:
+def _module(layer: nn.Module, path: str) -> nn.Module | None:
     module = layer
     for part in path.split("."):
         module = getattr(module, part, None)
-    return module if isinstance(module, nn.Linear) else None
+    return module
+
+
+def linear_of(module: nn.Module | None, name: str) -> tuple[torch.Tensor, torch.Tensor | None] | str:
+    """(weight, bias) of the projection `module`, an `nn.Linear` or a kernel compiled in place (its `as_linear`:
+    masked, on its grids), or why the step cannot compute it.
+
+    Example:
+        >>> linear_of(nn.Linear(2, 3), "fc")[0].shape
+        torch.Size([3, 2])
+        >>> linear_of(nn.Conv1d(2, 3, 1), "fc")
+        'fc is a Conv1d, not a linear the step can read'
+    """
+    if isinstance(module, nn.Linear):
+        return module.weight, module.bias
+    as_linear = getattr(module, "as_linear", None)
+    if as_linear is None:
+        return f"{name} is a {type(module).__name__}, not a linear the step can read"
+    if getattr(module, "activation", "none") != "none":
+        return f"{name} applies {module.activation} itself"
+    try:
+        return as_linear()
+    except ValueError as e:  # an op that rounds its inputs per row: the step rounds per 32 columns or not at all
+        return f"{name}: {e}"
 
 
 def why_not_compiled(model: nn.Module) -> str | None:
@@ -69,14 +92,14 @@ def why_not_compiled(model: nn.Module) -> str | None:
     if model.model.embed_tokens.weight.dtype != torch.float32:
         return f"the model's weights are {model.model.embed_tokens.weight.dtype}, the step runs float32 models"
     for i, layer in enumerate(model.model.layers):
-        missing = [path for _, path in PROJECTIONS if _linear(layer, path) is None]
-        if missing:
-            return f"decoder layer {i}'s {', '.join(missing)} are not nn.Linear (compiled in place?)"
+        for _, path in PROJECTIONS:
+            if isinstance(found := linear_of(_module(layer, path), f"decoder layer {i}'s {path}"), str):
+                return found
         for norm in (layer.input_layernorm, layer.post_attention_layernorm):
             if not hasattr(norm, "weight") or getattr(norm, "bias", None) is not None:
                 return f"decoder layer {i}'s norms are not RMSNorm"
-    if not isinstance(model.lm_head, nn.Linear):
-        return "lm_head is not nn.Linear"
+    if isinstance(found := linear_of(model.lm_head, "lm_head"), str):
+        return found
     return None
 
 
@@ -89,7 +112,7 @@ def rounded_inputs(model: nn.Module) -> Iterator[nn.Module]:
         >>> with rounded_inputs(llama):                                  # doctest: +SKIP
         ...     ppl = perplexity(llama, windows)
     """
-    modules = [_linear(layer, path) for layer in model.model.layers for _, path in PROJECTIONS] + [model.lm_head]
+    modules = [_module(layer, path) for layer in model.model.layers for _, path in PROJECTIONS] + [model.lm_head]
     hook = RoundInput(8, per_image=False, run=RUN)
     handles = [m.register_forward_pre_hook(hook) for m in modules if m is not None]
     try:
@@ -133,16 +156,17 @@ class CompiledDecoder:
         self._layers = (Layer * len(model.model.layers))()
         for i, layer in enumerate(model.model.layers):
             for field, path in PROJECTIONS:
-                linear = _linear(layer, path)
-                setattr(self._layers[i], field, self._mat(f"model.layers.{i}.{path}", linear))
+                name = f"model.layers.{i}.{path}"
+                setattr(self._layers[i], field, self._mat(name, *linear_of(_module(layer, path), name)))
             self._layers[i].ln1 = self._pointer(layer.input_layernorm.weight)
             self._layers[i].ln2 = self._pointer(layer.post_attention_layernorm.weight)
-        head = self._mat("lm_head", model.lm_head)
+        head = self._mat("lm_head", *linear_of(model.lm_head, "lm_head"))
         ragged = [name for name, p in self.packed.items() if p.k % RUN]
         if act_bits == 8 and ragged:
             raise ConfigError(f"CompiledDecoder: act_bits=8 rounds inputs per {RUN} columns; {ragged[0]} has "
                               f"{self.packed[ragged[0]].k}")
-        tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+        head_weight = getattr(model.lm_head, "weight", None)
+        tied = head_weight is not None and head_weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
         self.model_struct = Model(
             layers=len(model.model.layers), hidden=config.hidden_size, heads=self.torch_step.heads,
             kv_heads=self.torch_step.kv_heads, head_dim=self.torch_step.head_dim,
@@ -163,10 +187,10 @@ class CompiledDecoder:
         self._keep.append(t)
         return t.data_ptr()
 
-    def _mat(self, name: str, linear: nn.Linear) -> Mat:
-        packed = self.packed.get(name) or pack_weight(linear.weight, bits=None if self.pack else 32)
+    def _mat(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> Mat:
+        packed = self.packed.get(name) or pack_weight(weight.detach(), bits=None if self.pack else 32)
         self.packed[name] = packed
-        mat, keep = mat_of(packed, linear.bias)
+        mat, keep = mat_of(packed, bias)
         self._keep.extend(keep)
         return mat
 

@@ -7,9 +7,10 @@ and kept for the model until one of its tensors changes (each tensor's version c
 
 The tokens are the model's greedy tokens (`model.generate(..., do_sample=False)`; tests hold
 both paths to that). A sequence that emits the end-of-sequence token is padded after it, as
-Hugging Face does. Where the compiled step cannot run (modules replaced by an in-place
-compile, more than `MAX_BATCH` sequences, no C compiler, another activation) the model's own
-modules decode, with a warning naming why; `compiled=False` asks for that path. A model that
+Hugging Face does. A model compiled in place decodes through the step too, from its kernels'
+weights (`as_linear`). Where the step cannot run (kernels that round their inputs per row,
+more than `MAX_BATCH` sequences, no C compiler, another activation) the model's own modules
+decode, with a warning naming why; `compiled=False` asks for that path. A model that
 is not a Llama-pattern causal LM, a padded batch or sampling runs `model.generate`, with a
 warning.
 
@@ -21,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import warnings
 import weakref
 from typing import Any
@@ -37,7 +39,8 @@ _decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {
 
 
 def _versions(model: nn.Module) -> tuple:
-    return tuple((t.data_ptr(), t._version) for t in model.parameters())
+    # buffers too: kernels compiled in place hold their weights as buffers
+    return tuple((t.data_ptr(), t._version) for t in itertools.chain(model.parameters(), model.buffers()))
 
 
 def compiled_decoder(model: nn.Module, max_len: int, act_bits: int = 32) -> CompiledDecoder:

@@ -148,7 +148,7 @@ def _choose(working: Graph, execution: ExecutionPlan, root: nn.Module, config: C
             op.notes.append(f"in place: its {op.activation} stays the model's own op (not fused)")
         op.activation, op.activation_node = "none", None
         ctx = LowerContext(op.site.as_module(working.module), "none", op.m, config.cache_dir, tune=False,
-                           in_shape=op_inputs.shape(op.op))
+                           in_shape=op_inputs.shape(op.op), few_rows=config.few_rows)
         module = choose(op, ctx, op_inputs[op.op], config.choose, config.runs, tune=config.tune,
                         given=dict(config.choices).get(op.op))
         if module is None:

@@ -57,6 +57,7 @@ class LowerContext:
     tile: TileConfig | None = None  # set by `lower` from `tile_for` for the candidate it names
     masked: bool = False  # `module`'s weight is zero wherever the op's TeSA prunes (compile's working copy)
     whole: bool = False  # set by `lower`: the candidate is one part (its mask is the op's whole kept mask)
+    few_rows: bool = False  # linears also get one-row kernels for 1-8 rows where those measure faster
 
 
 def _tile(mask: torch.Tensor, block_rows: int, activation: str, ctx: LowerContext) -> dict:
@@ -144,7 +145,8 @@ def _sparse_linear(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.M
     zeroed = ctx.masked and ctx.whole and sub.weight_bits >= FP32
     weight = ctx.module.weight.detach() if zeroed else part_weight(ctx.module, sub)
     return SparseLinear(weight, bias, sub.mask, block_rows=rows, activation=activation, cache_dir=ctx.cache_dir,
-                        expected_m=ctx.m, zeroed=zeroed, **_tile(sub.mask, rows, activation, ctx))
+                        expected_m=ctx.m, zeroed=zeroed, few_rows=ctx.few_rows,
+                        **_tile(sub.mask, rows, activation, ctx))
 
 
 @register_builder("int8", "linear")
@@ -155,7 +157,8 @@ def _int8_linear(sub: SubOp, bias, activation: str, ctx: LowerContext) -> nn.Mod
     # not a third copy (two 9 MB copies of fresh pages per BERT FFN op before)
     weight = ctx.module.weight.detach() if ctx.masked and ctx.whole else part_weight(ctx.module, sub)
     return kind(weight, bias, sub.mask, block_rows=sub.block[0], activation=activation, cache_dir=ctx.cache_dir,
-                weight_bits=sub.weight_bits, act_bits=sub.act_bits, expected_m=ctx.m, zeroed=True)
+                weight_bits=sub.weight_bits, act_bits=sub.act_bits, expected_m=ctx.m, zeroed=True,
+                few_rows=ctx.few_rows)
 
 
 @register_builder("dense", "conv")

@@ -118,7 +118,7 @@ def _choose_all(working: Graph, execution: ExecutionPlan, config: CompileConfig,
             op.notes.append(f"sparse built in {first!r}'s tiling: pairs of this class measured faster fused so")
         ctx = LowerContext(module, op.activation, op.m, config.cache_dir, tune=False, searched_tiles=config.tune,
                            in_shape=op_inputs.shape(op.op), tile_for=None if tile is None else ("sparse", tile),
-                           masked=True)
+                           masked=True, few_rows=config.few_rows)
         mode, tune = config.choose, config.tune
         if time.perf_counter() > deadline and (mode, tune) != ("predicted", False):
             mode, tune = "predicted", False

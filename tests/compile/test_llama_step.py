@@ -1,5 +1,7 @@
 """`generate`: a Llama's greedy tokens without Hugging Face's per-token machinery, equal to its own (`LlamaStep`)."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -46,9 +48,10 @@ def test_a_sequence_that_ends_is_padded_and_decoding_stops_when_all_have(tiny_ll
     assert got[0, 9] == end and bool((got[0, 10:] == 0).all())
 
 
-def test_a_model_compiled_in_place_decodes_its_own_tokens(tiny_llama, device):
+def test_a_model_compiled_in_place_decodes_through_the_step_from_its_kernels_weights(tiny_llama, device):
     import sparta_explore as se
     from sparta_explore.compile.config import CompileConfig
+    from sparta_explore.compile.generate import compiled_decoder
 
     model = tiny_llama()
     model.generation_config.eos_token_id = None
@@ -57,12 +60,39 @@ def test_a_model_compiled_in_place_decodes_its_own_tokens(tiny_llama, device):
     table = se.TeSATable({n: se.TeSA.from_mask(torch.rand(model.get_parameter(n).shape,
                                                           generator=torch.Generator().manual_seed(6)) > 0.5)
                           for n in names})
+    masked = se.masked_copy(model, table)  # what the user gave: the model masked with the table
     sparse = ";".join(f"{n.removesuffix('.weight').replace('.', '_')}:sparse" for n in names)  # kernels, not torch
     se.compile(model, table, (ids,), config=CompileConfig(inplace=True, device=device, guard=False, choices=sparse))
     assert model.sparta_compiled.swapped
-    with pytest.warns(UserWarning, match="not nn.Linear .compiled in place"):  # its own modules run its kernels
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback: the step reads the kernels' weights
         got = generate(model, ids, 16)
-    assert torch.equal(got, model.generate(ids, max_new_tokens=16, do_sample=False, pad_token_id=0))
+    assert torch.equal(got, masked.generate(ids, max_new_tokens=16, do_sample=False, pad_token_id=0))
+    decoder = compiled_decoder(model, 32)
+    packed = decoder.packed["model.layers.0.self_attn.q_proj"].dequantize()
+    assert torch.equal(packed, masked.model.layers[0].self_attn.q_proj.weight)  # the masked weight, zeros and all
+
+
+def test_int8_kernels_compiled_in_place_decode_through_their_own_modules(tiny_llama, device):
+    import sparta_explore as se
+    from sparta_explore.compile.config import CompileConfig
+    from sparta_explore.kernels.build import cpu_flags
+    from sparta_explore.quantizers import bits_to_table
+    from sparta_explore.tesa import NumberFormat
+
+    if "avx2" not in cpu_flags():
+        pytest.skip("the int8 kernels need AVX2")
+    model = tiny_llama()
+    model.generation_config.eos_token_id = None
+    ids = _prompts(1, 12, 8)
+    graph = se.capture(model, (ids,))
+    table = bits_to_table(graph, {f"model.layers.{i}.{name}": {"weight": (8, NumberFormat.INT),
+                                                               "_input_0": (8, NumberFormat.INT)}
+                                  for i in range(2) for name in ("self_attn.q_proj", "mlp.down_proj")})
+    se.compile(model, table, (ids,), config=CompileConfig(inplace=True, device=device, guard=False))
+    with pytest.warns(UserWarning, match="rounds its inputs to 8 bits per row"):  # its own modules run its kernels
+        got = generate(model, ids, 8)
+    assert torch.equal(got, model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0))
 
 
 def test_other_cases_run_the_models_own_generate_and_say_why(tiny_llama):

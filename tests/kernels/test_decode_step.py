@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from sparta_explore.fake_quant import fake_quantize_runs
+from sparta_explore.fake_quant import fake_quantize_rows, fake_quantize_runs
 from sparta_explore.kernels.decode_step import MAX_BATCH, gemv, why_no_kernels
 from sparta_explore.kernels.packed_weights import pack_weight
 from sparta_explore.oneshot.grid import QuantSpec, round_to_grids
@@ -17,7 +17,8 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
 
 @pytest.mark.parametrize("bits, group, n, k, fmt", [(32, None, 13, 75, "f32"), (32, None, 40, 576, "f32"),
                                                     (4, 32, 37, 576, "u4"), (4, 128, 37, 576, "u4"),
-                                                    (3, 64, 9, 192, "u4"), (4, 32, 11, 96, "u8"),
+                                                    (3, 64, 9, 192, "u4"), (4, None, 6, 576, "u4"),
+                                                    (4, None, 7, 384, "u4"), (4, 32, 11, 96, "u8"),
                                                     (8, 32, 21, 160, "u8"), (8, None, 5, 64, "u8")])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 11])
 def test_each_layout_multiplies_like_its_dequantized_weight(bits, group, n, k, fmt, rows):
@@ -34,6 +35,8 @@ def test_each_layout_multiplies_like_its_dequantized_weight(bits, group, n, k, f
     assert _close(gemv(packed, x, threads=1), x @ w.T)
     if k % 32 == 0:  # int8 activations: the input rounded per 32 columns, integer dot products
         assert _close(gemv(packed, x, bias, act_bits=8), fake_quantize_runs(x) @ w.T + bias)
+        # one grid a row at fewer bits: what the int8 sparse kernels do to their input
+        assert _close(gemv(packed, x, act_bits=6, run=k), fake_quantize_rows(x, 6) @ w.T)
 
 
 def test_int8_runs_hold_outliers_and_all_zero_runs():
@@ -41,7 +44,7 @@ def test_int8_runs_hold_outliers_and_all_zero_runs():
     x = torch.zeros(2, 128)
     x[0, 5], x[0, 70:80], x[1, 33] = 1e4, 0.25, -3.0  # one run dominated by an outlier, others empty
     assert _close(gemv(packed, x, act_bits=8), fake_quantize_runs(x) @ packed.dequantize().T)
-    with pytest.raises(ValueError, match="act_bits is 32, or 8"):
+    with pytest.raises(ValueError, match="act_bits is 32, or 2..8"):
         gemv(pack_weight(torch.randn(4, 40)), torch.zeros(1, 40), act_bits=8)
 
 

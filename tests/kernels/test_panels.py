@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from sparta_explore.kernels import Int8SparseLinear, panels
-from sparta_explore.kernels import sparse_linear as sparse_linear_module
+from sparta_explore.kernels import int8_linear as int8_linear_module
 from sparta_explore.kernels.build import cpu_flags
 from sparta_explore.kernels.groups import align_segments, plan_groups, unit_segments
 from sparta_explore.kernels.int8_codegen import panel_k_for
@@ -81,7 +81,7 @@ VARIANTS = [dict(dot=None), dict(dot=None, weight_bits=4)] + [dict(dot=m, emulat
                                                          ids=_variant_id))
 def test_int8_kernels_are_exact_over_many_panels(tmp_path, monkeypatch, variant, block, act):
     # 8 k per panel: every group spills and reloads its int32 sums several times, on every variant
-    monkeypatch.setattr(sparse_linear_module, "panel_k_for", lambda *args: 8)
+    monkeypatch.setattr(int8_linear_module, "panel_k_for", lambda *args: 8)
     n, k = 37, 70
     layer = Int8SparseLinear(torch.randn(n, k), torch.randn(n), block_mask(n, k, block, 0.3), block_rows=block[0],
                              activation=act, cache_dir=tmp_path, **variant)

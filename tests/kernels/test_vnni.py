@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from sparta_explore.kernels import Int8SparseLinear
-from sparta_explore.kernels import sparse_linear as sparse_linear_module
+from sparta_explore.kernels import int8_linear as int8_linear_module
 from sparta_explore.kernels.build import cpu_flags
 from sparta_explore.kernels.int8_codegen import generate_int8_source, prepare_groups
 from sparta_explore.kernels.vnni_codegen import DOT_MODES, dot_mode, native_dot_mode
@@ -128,7 +128,7 @@ def test_native_mode_comes_from_the_cpu_flags():
 
 
 def test_a_named_mode_the_cpu_lacks_is_refused_unless_emulated(monkeypatch, tmp_path):
-    monkeypatch.setattr(sparse_linear_module, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    monkeypatch.setattr(int8_linear_module, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
     with pytest.raises(ValueError, match=r"avx512_vnni.*lacks \(avx512_vnni, avx512f\).*emulate_dot=True"):
         Int8SparseLinear(torch.randn(8, 8), None, torch.ones(8, 8, dtype=torch.bool), dot="avx512_vnni")
     auto = Int8SparseLinear(torch.randn(8, 8), None, torch.ones(8, 8, dtype=torch.bool), cache_dir=tmp_path)

@@ -29,3 +29,9 @@ def test_a_users_own_package_is_allowed_when_named():
     with pytest.raises(PackageError, match="allow=\\['json'\\]"):
         resolve("json.dumps", "module")
     assert resolve("json.dumps", "module", allow=("json",))([1]) == "[1]"
+
+
+def test_a_moved_class_resolves_under_the_name_older_packages_hold():
+    from sparta_explore.kernels import Int8SparseLinear
+
+    assert resolve("sparta_explore.kernels.sparse_linear.Int8SparseLinear", "module fc") is Int8SparseLinear
