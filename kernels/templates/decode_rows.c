@@ -10,12 +10,12 @@
  *   U8: one signed byte a column, code - 128 (the offset absorbs the 128), rows of k % 32 == 0;
  *   U4: 32 bytes a run of 64 columns, byte j holding column j (low nibble) and j + 32 (high).
  *
- * Activations (Model.act_q / gemv's act_q): 0, float32: quantized weights are widened in
- * registers, and the step computes the model's weights times its activations up to summation
- * order. 1, int8: every projection's input is rounded per 32 columns to a symmetric 8-bit grid
- * (scale = max |x| / 127, as `fake_quantize_rows` of each 32-column block), and integer codes
- * meet integer activations in `vpmaddubsw` (32 products an instruction): what the model with
- * those inputs rounded computes.
+ * Activations (Model.act_q; gemv's run): float32: quantized weights are widened in registers,
+ * and the step computes the model's weights times its activations up to summation order. Int8:
+ * every projection's input is rounded per 32 columns to a symmetric 8-bit grid (scale = max |x| /
+ * 127, as `fake_quantize_rows` of each 32-column block; gemv also rounds per row, at any bits),
+ * and integer codes meet integer activations in `vpdpbusd` (VNNI) or `vpmaddubsw` (32 products
+ * an instruction): what the model with those inputs rounded computes.
  *
  * One OpenMP parallel region runs the whole step; the stages are work-shared loops whose
  * implicit barriers order them, so threads start once per token, not once per matrix.
@@ -165,11 +165,30 @@ INLINE void row_u4_f32(const Mat *m, int n, const float *x, int ldx, int nb, flo
     reduce(acc, nb, out);
 }
 
+/* Unsigned bytes u times signed bytes s, each four neighbours summed into int32: one `vpdpbusd` where the
+   CPU has VNNI (the build's -march=native says), else `vpmaddubsw` + `vpmaddwd`. Our operands never reach
+   vpmaddubsw's int16 saturation (codes <= 15, or |code| <= 128 against |q| <= 127), so both agree exactly. */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define VNNI 1
+INLINE __m256i quad_sums(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
+#elif defined(__AVXVNNI__)
+#define VNNI 1
+INLINE __m256i quad_sums(__m256i u, __m256i s) { return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s); }
+#else
+#define VNNI 0
+INLINE __m256i quad_sums(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+#endif
+
+/* A run's 32 products, 8 partial sums as floats. U4 codes are 0..15, unsigned as they are; U8 codes are
+   signed (code - 128), so the sign moves onto the activation (|c| * sign(q, c)). */
+INLINE __m256i run_sums(__m256i codes, __m256i q, const int is_signed) {
+    return is_signed ? quad_sums(_mm256_abs_epi8(codes), _mm256_sign_epi8(q, codes)) : quad_sums(codes, q);
+}
+
 INLINE __m256 run_dot(__m256i codes, __m256i q, const int is_signed) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    const __m256i pairs = is_signed ? _mm256_maddubs_epi16(_mm256_abs_epi8(codes), _mm256_sign_epi8(q, codes))
-                                    : _mm256_maddubs_epi16(codes, q);
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+    return _mm256_cvtepi32_ps(run_sums(codes, q, is_signed));
 }
 
 INLINE void row_q_int8_runs(const Mat *m, int n, const Act *a, int nb, float *out, const int bits, const int PER) {
@@ -222,25 +241,21 @@ INLINE void row_q_int8_runs(const Mat *m, int n, const Act *a, int nb, float *ou
                  + off[b];
 }
 
-/* Int8 activations: 32 products a vpmaddubsw (unsigned x signed bytes, pairs summed to int16). U4 codes are
-   0..15, unsigned as they are; U8 codes are signed (code - 128), so the sign moves onto the activation
-   (|c| * sign(q, c)). Four runs are summed side by side into one vector [r0 r1 r2 r3 | r0 r1 r2 r3] (each
-   half holds one 16-column half of each run): one int -> float conversion and one FMA with the runs'
-   scale * d then serve four runs, and the grids are read as vectors, with no per-row prologue. */
+/* Int8 activations, four runs summed side by side into one vector [r0 r1 r2 r3 | r0 r1 r2 r3] (each half
+   holds one 16-column half of each run): one int -> float conversion and one FMA with the runs' scale * d
+   then serve four runs, and the grids are read as vectors, with no per-row prologue. */
 INLINE __m256i four_runs(const __m256i codes[4], const int8_t *q, const int is_signed) {
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256i p[4];
-    for (int t = 0; t < 4; ++t) {
-        const __m256i qt = _mm256_loadu_si256((const __m256i *)(q + 32 * t));
-        p[t] = is_signed ? _mm256_maddubs_epi16(_mm256_abs_epi8(codes[t]), _mm256_sign_epi8(qt, codes[t]))
-                         : _mm256_maddubs_epi16(codes[t], qt);
-    }
-    if (is_signed) { /* pairs of up to 128 * 127 * 2: summed further only as int32 */
-        for (int t = 0; t < 4; ++t) p[t] = _mm256_madd_epi16(p[t], ones);
+    if (is_signed || VNNI) {
+        for (int t = 0; t < 4; ++t)
+            p[t] = run_sums(codes[t], _mm256_loadu_si256((const __m256i *)(q + 32 * t)), is_signed);
         return _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
     }
-    /* 4-bit codes: 8 products of at most 15 * 127 stay within int16, so two int16 levels precede the widening */
-    return _mm256_madd_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3])), ones);
+    /* 4-bit codes without VNNI: 8 products of at most 15 * 127 stay within int16, so two int16 levels
+       precede the one widening */
+    for (int t = 0; t < 4; ++t) p[t] = _mm256_maddubs_epi16(codes[t], _mm256_loadu_si256((const __m256i *)(q + 32 * t)));
+    return _mm256_madd_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3])),
+                             _mm256_set1_epi16(1));
 }
 
 /* A group-level value (scale or offset) for runs r..r+3 (r a multiple of 4), `per` runs a group. */
@@ -287,11 +302,8 @@ INLINE void row_q_int8_quads(const Mat *m, int n, const Act *a, int nb, float *o
         const __m256i codes = bits == 4 ? u4_codes(c, r, low) : _mm256_loadu_si256((const __m256i *)(c + r * 32));
         for (int b = 0; b < nb; ++b) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(a->q + (long)b * a->ldx + r * 32));
-            const __m256i pairs = bits == 8 ? _mm256_maddubs_epi16(_mm256_abs_epi8(codes), _mm256_sign_epi8(q, codes))
-                                            : _mm256_maddubs_epi16(codes, q);
             const float d = a->d[(long)b * ld + r];
-            acc[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1))),
-                                     _mm256_set1_ps(scales[r / per] * d), acc[b]);
+            acc[b] = _mm256_fmadd_ps(run_dot(codes, q, bits == 8), _mm256_set1_ps(scales[r / per] * d), acc[b]);
             tail[b] += offs[r / per] * a->xs[(long)b * ld + r];
         }
     }

@@ -1,9 +1,13 @@
 """The one-row (small-M) decode kernels: every packed layout against its de-quantized weight, M = 1 .. 11."""
 
+import shutil
+import subprocess
+
 import pytest
 import torch
 
 from sparta_explore.fake_quant import fake_quantize_rows, fake_quantize_runs
+from sparta_explore.kernels.c_templates import c_text
 from sparta_explore.kernels.decode_step import MAX_BATCH, gemv, why_no_kernels
 from sparta_explore.kernels.packed_weights import pack_weight
 from sparta_explore.oneshot.grid import QuantSpec, round_to_grids
@@ -54,3 +58,25 @@ def test_zero_inputs_give_the_bias_and_bad_shapes_are_refused():
     assert torch.equal(gemv(packed, torch.zeros(MAX_BATCH, 64), bias), bias.expand(MAX_BATCH, 8))
     with pytest.raises(ValueError, match=r"expected an \(M, 64\) input"):
         gemv(packed, torch.zeros(2, 63))
+
+
+@pytest.mark.parametrize("flags", [("-mavx512f", "-mavx512vl", "-mavx512vnni"), ("-mavxvnni",)],
+                         ids=["avx512_vnni", "avx_vnni"])
+def test_on_vnni_cpus_every_integer_product_is_a_vpdpbusd(tmp_path, flags):
+    # built with -march=native, the kernels pick VNNI from the compiler's macros: checked here as generated code (a
+    # CPU with VNNI runs the numerical tests above on that path; vpmaddubsw and vpdpbusd agree exactly on our ranges)
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("no gcc")
+    source = tmp_path / "decode.c"
+    source.write_text(c_text("decode_rows.c") + c_text("decode_step.c"))
+    asm = {}
+    for extra in ((), flags):
+        done = subprocess.run([gcc, "-O3", "-mavx2", "-mfma", *extra, "-fopenmp", "-S", str(source), "-o", "-"],
+                              capture_output=True, text=True)
+        if done.returncode != 0 and extra:
+            pytest.skip(f"this gcc cannot target {' '.join(flags)}: {done.stderr.strip()[:200]}")
+        assert done.returncode == 0, done.stderr
+        asm[extra] = done.stdout
+    assert "vpmaddubsw" in asm[()] and "vpdpbusd" not in asm[()]
+    assert "vpdpbusd" in asm[flags] and "vpmaddubsw" not in asm[flags]
