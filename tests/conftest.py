@@ -4,15 +4,22 @@ import importlib
 import os
 import random
 import shutil
+import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-import pytest
-import torch
+# pytest-xdist workers share the cores: OpenMP threads that spin at a barrier would hold a core the other
+# worker's threads need (a decode step has 180 barriers a token: minutes lost), so waiting threads sleep.
+# Read once, when an OpenMP runtime starts: before torch (or any kernel library) is loaded.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 and "torch" not in sys.modules:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from sparta_explore.zoo import load_digits_split, pretrained
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from sparta_explore.zoo import load_digits_split, pretrained  # noqa: E402
 
 
 def pytest_addoption(parser):
@@ -25,6 +32,16 @@ def pytest_configure(config):
     from sparta_explore.kernels import set_target_isa
 
     set_target_isa(config.getoption("--isa"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `first(minutes)` run before the rest, longest first: started last, one would hold a worker
+    alone while the other idles."""
+    def order(item):
+        mark = item.get_closest_marker("first")
+        return (0, -float(mark.args[0] if mark.args else 1)) if mark is not None else (1, 0.0)
+
+    items.sort(key=order)  # stable: the others keep their order
 
 
 @pytest.fixture(autouse=True)

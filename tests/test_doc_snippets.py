@@ -121,7 +121,7 @@ def test_every_skip_says_why(document):
 
 
 # the README's snippets run in `make test`; the guides' (several minutes together) in `make test-slow`
-RUN_CASES = [pytest.param(d, marks=() if d == "README.md" else pytest.mark.slow) for d in DOCUMENTS]
+RUN_CASES = [pytest.param(d, marks=pytest.mark.first(3) if d == "README.md" else pytest.mark.slow) for d in DOCUMENTS]
 
 
 @pytest.mark.parametrize("document", RUN_CASES)

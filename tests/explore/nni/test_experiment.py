@@ -216,6 +216,7 @@ def _check_outcome(outcome, trials):
     return df
 
 
+@pytest.mark.first
 def test_two_trial_experiment_with_the_pareto_tuner(quick_config):
     config = quick_config({"codeDirectory": str(ROOT), "className": "sparta_explore.explore.nni.tuner.ParetoTuner",
                            "classArgs": {"startup": 1, "seed": 0}})
@@ -225,6 +226,7 @@ def test_two_trial_experiment_with_the_pareto_tuner(quick_config):
     assert df[["sparsity", "block"]].drop_duplicates().shape[0] == 2  # the tuner never repeats a point
 
 
+@pytest.mark.first
 def test_builtin_tpe_survives_concurrent_trials(quick_config):
     # without the in-order handshake NNI issue 5726 makes TPE raise KeyError within a few trials
     config = quick_config({"name": "TPE", "classArgs": {"optimize_mode": "maximize", "seed": 0}}, trials=4)
