@@ -3,7 +3,7 @@
 Stages run once per compile (capture, prepare: tables, compiler check, device profile,
 trusted reference; graph passes; plan; recording the ops' inputs; kernel passes; checks;
 guard); the kernel choice is split into the steps every op records in `OpPlan.seconds`
-(`choose.STEPS`: tile search, code generation, gcc and loading, the kernel's own check,
+(`choose.STEPS`: tile search, code generation, gcc and loading, the kernel's own check, its few-row path,
 lowering, the check against the op's reference, candidate timing). "other" is what no stage
 claims, so the rows always sum to the compile's wall time.
 
