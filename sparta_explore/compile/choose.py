@@ -60,7 +60,8 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 # where compile's time on one op goes, in `OpPlan.seconds` (`CompiledModel.compile_times` sums them)
-STEPS = ("tile search", "codegen", "gcc + load", "kernel check", "few-row path", "lowering", "reference check", "timing")
+STEPS = ("tile search", "codegen", "gcc + load", "kernel check", "few-row path", "lowering", "reference check",
+         "timing")
 
 
 def _spend(op: OpPlan, step: str, seconds: float) -> None:
