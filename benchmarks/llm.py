@@ -81,6 +81,7 @@ import torch
 from llm_ours import (
     MAGNITUDE_50,
     SPARSEGPT_50_GPTQ_4,
+    STEP,
     STEP_A8,
     Row,
     compile_row,
@@ -312,6 +313,8 @@ def main() -> None:
             log(f"{compiled.name}: perplexity")
             compiled.ppl = perplexity(compiled.model, windows, batch_size=METRIC_BATCH)
             rows.append(compiled)
+            if args.step:  # se.generate's path for a model compiled in place: the step reads its kernels' weights
+                rows += step_rows(compiled, PROMPT_LEN + args.new, suffixes=(STEP,))
     timed = [r for r in rows if r.model is not None]
     time_ours(timed, prompt, args.new, args.repeats, getattr(tokenizer, "eos_token_id", None) or 0)
     for row in timed:

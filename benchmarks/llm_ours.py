@@ -165,12 +165,13 @@ STEP_F32, STEP, STEP_A8 = ":step-f32", ":step", ":step-a8"
 STEPS = {STEP_F32: (32, False), STEP: (32, True), STEP_A8: (8, True)}
 
 
-def step_rows(row: Row, max_len: int) -> list[Row]:
+def step_rows(row: Row, max_len: int, suffixes: tuple[str, ...] = tuple(STEPS)) -> list[Row]:
     """The compressed `row`'s model behind the compiled decode step (`CompiledDecoder`): its weights packed
-    in the narrowest layout they fit, with float or int8 activations; the dense row also with float32 rows."""
+    in the narrowest layout they fit, with float or int8 activations; the dense row also with float32 rows.
+    A row compiled in place packs its kernels' weights (`as_linear`)."""
     out, packed = [], None  # the packed weights of the first packing decoder serve the next
     for suffix, (act_bits, pack) in STEPS.items():
-        if suffix == STEP_F32 and row.name != DENSE:
+        if suffix not in suffixes or (suffix == STEP_F32 and row.name != DENSE):
             continue
         start = time.perf_counter()
         decoder = CompiledDecoder(row.model, max_len, act_bits=act_bits, pack=pack, packed=packed if pack else None)
