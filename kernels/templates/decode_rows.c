@@ -191,12 +191,18 @@ INLINE __m256 run_dot(__m256i codes, __m256i q, const int is_signed) {
     return _mm256_cvtepi32_ps(run_sums(codes, q, is_signed));
 }
 
-INLINE void row_q_int8_runs(const Mat *m, int n, const Act *a, int nb, float *out, const int bits, const int PER) {
-    const int runs = m->k / 32, per = PER ? PER : m->group / 32, groups = (m->k + m->group - 1) / m->group;
-    const int ld = a->ldx / QBLOCK; /* runs per row of activations */
-    const float *scales = m->grid + (long)n * groups * 2, *offs = scales + groups;
-    const uint8_t *c = m->codes + (long)n * (bits == 4 ? m->k / 2 : m->k);
+/* The locals every int8 row product starts from (a macro: the same code as written out, constants kept):
+   the row's runs of 32 columns, runs a weight group spans (`per`, a constant where the caller names it), runs
+   per row of activations (`ld`), its grids (scales, then offsets) and codes. */
+#define ROW_Q_LOCALS                                                                                           \
+    const int runs = m->k / 32, per = PER ? PER : m->group / 32, groups = (m->k + m->group - 1) / m->group;  \
+    const int ld = a->ldx / QBLOCK;                                                                            \
+    const float *scales = m->grid + (long)n * groups * 2, *offs = scales + groups;                            \
+    const uint8_t *c = m->codes + (long)n * (bits == 4 ? m->k / 2 : m->k);                                      \
     const __m256i low = _mm256_set1_epi8(15);
+
+INLINE void row_q_int8_runs(const Mat *m, int n, const Act *a, int nb, float *out, const int bits, const int PER) {
+    ROW_Q_LOCALS
     /* Before the row's runs: each run's weight scale times its activation scale (sd), and the offsets'
        part, offset * sum of the run's rounded inputs, summed for the whole row (off). */
     float sd[CHUNK * runs], off[CHUNK];
@@ -275,11 +281,7 @@ INLINE __m256i u4_codes(const uint8_t *c, int run, __m256i low) {
 }
 
 INLINE void row_q_int8_quads(const Mat *m, int n, const Act *a, int nb, float *out, const int bits, const int PER) {
-    const int runs = m->k / 32, per = PER ? PER : m->group / 32, groups = (m->k + m->group - 1) / m->group;
-    const int ld = a->ldx / QBLOCK; /* runs per row of activations */
-    const float *scales = m->grid + (long)n * groups * 2, *offs = scales + groups;
-    const uint8_t *c = m->codes + (long)n * (bits == 4 ? m->k / 2 : m->k);
-    const __m256i low = _mm256_set1_epi8(15);
+    ROW_Q_LOCALS
     __m256 acc[CHUNK];
     __m128 off[CHUNK]; /* offset * the run's sum of rounded inputs */
     for (int b = 0; b < CHUNK; ++b) { acc[b] = _mm256_setzero_ps(); off[b] = _mm_setzero_ps(); }
