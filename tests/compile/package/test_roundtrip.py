@@ -74,6 +74,9 @@ def test_a_loaded_model_keeps_its_report_and_saves_again(fp32_model, tmp_path, c
     assert torch.equal(_run(again, x), _run(cm, x))
     kernels = [m for m in again.modules() if isinstance(m, KernelLinear)]
     assert len(kernels) == 2 and all(k._fn is not None for k in kernels)
+    # the few-row decision travels as a count; the path is packed again on first use, the same products
+    assert [k.few_rows for k in kernels] == [k.few_rows for k in cm.modules() if isinstance(k, KernelLinear)]
+    assert torch.equal(_run(again, x[:1]), _run(cm, x[:1]))
 
 
 def test_a_cold_kernel_cache_builds_the_saved_sources(fp32_model, tmp_path):
