@@ -49,27 +49,39 @@ def _module(layer: nn.Module, path: str) -> nn.Module | None:
     return module
 
 
-def linear_of(module: nn.Module | None, name: str) -> tuple[torch.Tensor, torch.Tensor | None] | str:
-    """(weight, bias) of the projection `module`, an `nn.Linear` or a kernel compiled in place (its `as_linear`:
-    masked, on its grids), or why the step cannot compute it.
+def why_not_linear(module: nn.Module | None, name: str) -> str | None:
+    """Why the step cannot read the projection `module` (an `nn.Linear`, or a kernel compiled in place that
+    has `as_linear` and float inputs), or None. Reads no weights.
 
     Example:
-        >>> linear_of(nn.Linear(2, 3), "fc")[0].shape
-        torch.Size([3, 2])
-        >>> linear_of(nn.Conv1d(2, 3, 1), "fc")
+        >>> why_not_linear(nn.Linear(2, 3), "fc") is None
+        True
+        >>> why_not_linear(nn.Conv1d(2, 3, 1), "fc")
         'fc is a Conv1d, not a linear the step can read'
     """
     if isinstance(module, nn.Linear):
-        return module.weight, module.bias
-    as_linear = getattr(module, "as_linear", None)
-    if as_linear is None:
+        return None
+    if not hasattr(module, "as_linear"):
         return f"{name} is a {type(module).__name__}, not a linear the step can read"
     if getattr(module, "activation", "none") != "none":
         return f"{name} applies {module.activation} itself"
-    try:
-        return as_linear()
-    except ValueError as e:  # an op that rounds its inputs per row: the step rounds per 32 columns or not at all
-        return f"{name}: {e}"
+    for part in module.modules():  # an op that rounds its inputs per row: the step rounds per 32 columns or not at all
+        bits = getattr(part, "act_bits", 32)
+        if bits != 32:
+            label = part.op_name() if hasattr(part, "op_name") else type(part).__name__
+            return f"{name}: {label} rounds its inputs to {bits} bits per row"
+    return None
+
+
+def linear_of(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight, bias) of a projection `why_not_linear` accepts: an `nn.Linear`'s own, or a kernel's `as_linear()`
+    (masked, on its grids).
+
+    Example:
+        >>> linear_of(nn.Linear(2, 3))[0].shape
+        torch.Size([3, 2])
+    """
+    return (module.weight, module.bias) if isinstance(module, nn.Linear) else module.as_linear()
 
 
 def why_not_compiled(model: nn.Module) -> str | None:
@@ -93,14 +105,12 @@ def why_not_compiled(model: nn.Module) -> str | None:
         return f"the model's weights are {model.model.embed_tokens.weight.dtype}, the step runs float32 models"
     for i, layer in enumerate(model.model.layers):
         for _, path in PROJECTIONS:
-            if isinstance(found := linear_of(_module(layer, path), f"decoder layer {i}'s {path}"), str):
-                return found
+            if (why := why_not_linear(_module(layer, path), f"decoder layer {i}'s {path}")) is not None:
+                return why
         for norm in (layer.input_layernorm, layer.post_attention_layernorm):
             if not hasattr(norm, "weight") or getattr(norm, "bias", None) is not None:
                 return f"decoder layer {i}'s norms are not RMSNorm"
-    if isinstance(found := linear_of(model.lm_head, "lm_head"), str):
-        return found
-    return None
+    return why_not_linear(model.lm_head, "lm_head")
 
 
 @contextmanager
@@ -157,10 +167,10 @@ class CompiledDecoder:
         for i, layer in enumerate(model.model.layers):
             for field, path in PROJECTIONS:
                 name = f"model.layers.{i}.{path}"
-                setattr(self._layers[i], field, self._mat(name, *linear_of(_module(layer, path), name)))
+                setattr(self._layers[i], field, self._mat(name, *linear_of(_module(layer, path))))
             self._layers[i].ln1 = self._pointer(layer.input_layernorm.weight)
             self._layers[i].ln2 = self._pointer(layer.post_attention_layernorm.weight)
-        head = self._mat("lm_head", *linear_of(model.lm_head, "lm_head"))
+        head = self._mat("lm_head", *linear_of(model.lm_head))
         ragged = [name for name, p in self.packed.items() if p.k % RUN]
         if act_bits == 8 and ragged:
             raise ConfigError(f"CompiledDecoder: act_bits=8 rounds inputs per {RUN} columns; {ragged[0]} has "

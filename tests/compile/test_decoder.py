@@ -5,11 +5,13 @@ import warnings
 import pytest
 import torch
 
-from sparta_explore.compile.decoder import CompiledDecoder, rounded_inputs, why_not_compiled
+from sparta_explore.compile.decoder import CompiledDecoder, linear_of, rounded_inputs, why_not_compiled, why_not_linear
 from sparta_explore.compile.generate import compiled_decoder, generate
 from sparta_explore.errors import ConfigError
 from sparta_explore.fake_quant import fake_quantize_rows
+from sparta_explore.kernels import ShrunkLinear
 from sparta_explore.kernels.decode_step import why_no_kernels
+from sparta_explore.kernels.dense import DenseLinear, SummedParts
 from sparta_explore.oneshot.grid import QuantSpec, round_to_grids
 
 transformers = pytest.importorskip("transformers")
@@ -153,3 +155,19 @@ def test_int8_activation_tokens_equal_the_rounded_models():
     assert torch.equal(generate(model, ids, 32, act_bits=8, compiled=False), want)
     with pytest.raises(ConfigError, match="act_bits must be 32"):
         generate(model, ids, 4, act_bits=4)
+
+
+def test_kernels_compiled_in_place_read_as_the_dense_linears_they_compute():
+    g = torch.Generator().manual_seed(3)
+    w, bias, x = torch.randn(8, 64, generator=g), torch.randn(8, generator=g), torch.randn(3, 64, generator=g)
+    kept = torch.rand(8, 64, generator=g) > 0.5
+    kept[2] = False  # a pruned row: its output is the bias
+    kept[:, 5] = False  # a pruned column
+    shrunk = ShrunkLinear(w, bias, kept)
+    parts = SummedParts([DenseLinear(w * kept, None), DenseLinear(w * ~kept, None)], bias)
+    for op in (shrunk, parts):
+        assert why_not_linear(op, "fc") is None
+        assert torch.allclose(torch.nn.functional.linear(x, *linear_of(op)), op(x), atol=1e-5)
+    assert why_not_linear(SummedParts([DenseLinear(w, None, act_bits=8)], None), "fc").endswith(
+        "rounds its inputs to 8 bits per row")
+    assert why_not_linear(DenseLinear(w, None, activation="relu"), "fc") == "fc applies relu itself"
