@@ -79,6 +79,65 @@ static float dot(const float *a, const float *b, int d) {
     return s;
 }
 
+/* The sums of eight vectors' lanes, side by side: lane i holds the sum of a[i]. */
+static inline __m256 sums8(const __m256 a[8]) {
+    const __m256 s0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 s1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
+}
+
+/* One head's attention over positions 0 .. T - 1: o = softmax(scale q K^T) V, scores in s (T floats).
+   With hd a multiple of 8: eight positions' dot products at once (q read once for eight keys, one
+   horizontal sum for eight), e^x eight at a time, and o's columns held in registers while every
+   value row is added in. Otherwise one position at a time. */
+static void attend(const float *q, const float *K, const float *V, int T, int hd, float scale, float *s,
+                   float *o) {
+    int t = 0;
+    if (hd % 8 == 0)
+        for (; t + 8 <= T; t += 8) {
+            __m256 acc[8];
+            for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+            for (int j = 0; j < hd; j += 8) {
+                const __m256 qv = _mm256_loadu_ps(q + j);
+                for (int i = 0; i < 8; ++i)
+                    acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(K + (long)(t + i) * hd + j), acc[i]);
+            }
+            _mm256_storeu_ps(s + t, _mm256_mul_ps(sums8(acc), _mm256_set1_ps(scale)));
+        }
+    for (; t < T; ++t) s[t] = dot(q, K + (long)t * hd, hd) * scale;
+    float best = -INFINITY, total = 0.0f;
+    for (t = 0; t < T; ++t) best = s[t] > best ? s[t] : best;
+    t = 0;
+    __m256 sum = _mm256_setzero_ps();
+    for (; t + 8 <= T; t += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), _mm256_set1_ps(best)));
+        _mm256_storeu_ps(s + t, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    total = hsum(sum);
+    for (; t < T; ++t) { s[t] = expf(s[t] - best); total += s[t]; }
+    const float inv = 1.0f / total;
+    if (hd % 8 == 0) {
+        for (int j0 = 0; j0 < hd; j0 += 64) {
+            const int w = (hd - j0 < 64 ? hd - j0 : 64) / 8;
+            __m256 acc[8];
+            for (int f = 0; f < 8; ++f) acc[f] = _mm256_setzero_ps();
+            for (t = 0; t < T; ++t) {
+                const __m256 p = _mm256_set1_ps(s[t] * inv);
+                const float *row = V + (long)t * hd + j0;
+                for (int f = 0; f < w; ++f) acc[f] = _mm256_fmadd_ps(p, _mm256_loadu_ps(row + 8 * f), acc[f]);
+            }
+            for (int f = 0; f < w; ++f) _mm256_storeu_ps(o + j0 + 8 * f, acc[f]);
+        }
+        return;
+    }
+    memset(o, 0, sizeof(float) * hd);
+    for (t = 0; t < T; ++t) {
+        const float p = s[t] * inv;
+        for (int j = 0; j < hd; ++j) o[j] += p * V[(long)t * hd + j];
+    }
+}
+
 /* Scratch, in floats: x (B x hidden); q, att (B x heads*hd); k, v (B x kv*hd); g, u (B x inter);
    scores (B*heads x max_len); then per thread a normalized or gated input (B x the widest) and its
    rounding (act_floats of the widest). Python allocates scratch_floats(...) of them. */
@@ -143,18 +202,7 @@ void decode_step(const Model *m, const int64_t *tokens, int B, int pos, float *l
                 const float *qi = q + b * QD + head * hd;
                 const float *K = L->kcache + ((long)b * m->kv_heads + kv) * m->max_len * hd;
                 const float *V = L->vcache + ((long)b * m->kv_heads + kv) * m->max_len * hd;
-                float *s = scores + (long)i * m->max_len, best = -INFINITY, total = 0.0f;
-                for (int t = 0; t < T; ++t) {
-                    s[t] = dot(qi, K + (long)t * hd, hd) * m->attn_scale;
-                    best = s[t] > best ? s[t] : best;
-                }
-                for (int t = 0; t < T; ++t) { s[t] = expf(s[t] - best); total += s[t]; }
-                float *o = att + b * QD + head * hd;
-                memset(o, 0, sizeof(float) * hd);
-                for (int t = 0; t < T; ++t) {
-                    const float p = s[t] / total;
-                    for (int j = 0; j < hd; ++j) o[j] += p * V[(long)t * hd + j];
-                }
+                attend(qi, K, V, T, hd, m->attn_scale, scores + (long)i * m->max_len, att + b * QD + head * hd);
             }
             INPUT(att, QD)
             gemv_shared(&L->o, &a, B, x, H, 1);

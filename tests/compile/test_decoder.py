@@ -62,6 +62,25 @@ def test_each_steps_logits_are_the_full_forwards(tiny_llama, which):
         assert float((g - w).abs().max()) <= 1e-4 * float(w.abs().max())
 
 
+@pytest.mark.parametrize("head_dim", [12, 80])
+def test_attention_over_head_sizes_the_vector_path_does_not_divide(head_dim):
+    """12: not a multiple of 8 (positions one at a time); 80: output columns in a 64 and a 16 pass. Positions
+    5 .. 20 give every remainder of eight-position score blocks."""
+    torch.manual_seed(3)
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=2 * head_dim, intermediate_size=64,
+                                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                      max_position_embeddings=64, use_cache=False)
+    model = transformers.LlamaForCausalLM(config).eval()
+    decoder = CompiledDecoder(model, 24, pack=False)
+    ids = torch.randint(0, 128, (2, 21), generator=torch.Generator().manual_seed(4))
+    decoder.reset(2)
+    with torch.no_grad():
+        got = [decoder.prefill(ids[:, :5])] + [decoder.step(ids[:, p], p) for p in range(5, 21)]
+        want = [model(ids[:, :p + 1]).logits[:, -1] for p in range(4, 21)]
+    for g, w in zip(got, want):
+        assert float((g - w).abs().max()) <= 1e-4 * float(w.abs().max())
+
+
 @pytest.mark.parametrize("batch, length, seed", [(1, 10, 1), (3, 7, 2)])
 def test_greedy_tokens_equal_hugging_faces(batch, length, seed):
     model = gqa_llama(True)
