@@ -325,12 +325,16 @@ def export_trials(directory: str | os.PathLike) -> pd.DataFrame:
             sequence[trial] = int(seq)
         if data and trial not in recorded:
             recorded[trial] = (_decode(data) or {}).get("parameters")
-    rows = []
+    rows, extra = [], {}
     for trial, parameter_id, data in finals:
         result = _decode(data)
         if not isinstance(result, Mapping):
             result = {"score": result}  # a trial that reported a bare number (not nni_trial)
         row = {c: result.get(c) for c in ROW_COLUMNS}
+        for key in result:  # columns of other trial kinds (the LLM search's), after the usual ones
+            if key not in row and key not in NNI_COLUMNS and key not in ("default", "params"):
+                extra[key] = None
+                row[key] = result[key]
         if row["accuracy"] is not None:  # trials from before these columns measured accuracies
             row["higher_is_better"] = as_bool(row["higher_is_better"])
             row["quality"] = row_quality(row)
@@ -340,7 +344,7 @@ def export_trials(directory: str | os.PathLike) -> pd.DataFrame:
                    nni_status=status.get(trial), nni_params_matched=_same_params(recorded.get(trial), echoed),
                    nni_params=json.dumps(echoed, sort_keys=True) if echoed is not None else None)
         rows.append(row)
-    columns = list(ROW_COLUMNS) + list(NNI_COLUMNS)
+    columns = list(ROW_COLUMNS) + list(extra) + list(NNI_COLUMNS)
     df = pd.DataFrame(rows, columns=columns)
     return df.sort_values("nni_sequence", kind="stable").reset_index(drop=True) if len(df) else df
 

@@ -1,0 +1,179 @@
+"""One LLM search trial: compress a decoder LLM as an `LLMPoint` says, score its perplexity, time its decode.
+
+Stages, in order, on a copy of the workload's dense model:
+
+1. `compress_llm`: one calibration pass, each linear pruned and quantized by its group's choice;
+   the head rounded to `head_bits`;
+2. perplexity with the point's activations (`rounded_inputs` for int8: what the step computes);
+3. the compiled decode step (`CompiledDecoder`, weights packed from their grids) timed on the
+   workload's first prompt: tokens/s over `new` greedy tokens and the prompt's prefill, medians of
+   `repeats`; the dense model (as given) timed the same way in the same process, so
+   ``latency_ratio`` = trial over dense decode milliseconds cancels machine drift;
+4. the cost models the FLOPs- and bytes-guided searches rank by: FLOPs a token (2 x kept weights,
+   head included) and bytes a token (kept weights at their bits, a bit a weight of mask where
+   pruned), each over the dense model's.
+
+Rows are JSON-ready dicts (`quality` = dense perplexity / perplexity). `TrialLog` keeps them in
+a JSON-lines file by the point's key, so a search resumes where it stopped and a repeated point
+is read, not run again.
+
+Example:
+    >>> row = run_llm_trial(LLMPoint.from_dict({"bits@mlp.0": 4}, layers=2, bands=1),
+    ...                     smollm2_tiny_workload())                           # doctest: +SKIP
+    >>> row["decode_tok_s"], row["perplexity"]                                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from sparta_explore.compile.decoder import CompiledDecoder, rounded_inputs
+from sparta_explore.errors import ConfigError
+from sparta_explore.explore.llm.compress import compress_llm
+from sparta_explore.explore.llm.space import LLMPoint
+from sparta_explore.workload import Workload
+
+
+@dataclass(frozen=True)
+class TrialBudget:
+    """How much a trial measures: `new` decode tokens after the workload's first prompt, `repeats` times, on
+    `threads` (None: torch's); `damp` / `act_order` / `mse` go to GPTQ.
+
+    Example:
+        >>> TrialBudget(new=8).new
+        8
+    """
+
+    new: int = 16
+    repeats: int = 3
+    threads: int | None = None
+    act_order: bool = True
+    mse: bool = False
+
+    def __post_init__(self) -> None:
+        if self.new < 2 or self.repeats < 1:
+            raise ConfigError(f"TrialBudget: new >= 2 and repeats >= 1, got new={self.new}, repeats={self.repeats}")
+
+
+def perplexity_of(workload: Workload, model: nn.Module, act_bits: int) -> float:
+    """The workload's metric of `model` with projection inputs as the decode step rounds them."""
+    if act_bits == 8:
+        with rounded_inputs(model):
+            return workload.evaluate(model)
+    return workload.evaluate(model)
+
+
+def decode_timing(model: nn.Module, prompt: torch.Tensor, act_bits: int, budget: TrialBudget) -> dict[str, float]:
+    """Decode tokens/s, milliseconds a token and prefill ms of `model` through the compiled step, and the
+    weight MB a token reads (medians of `budget.repeats`).
+
+    Example:
+        >>> decode_timing(model, prompt, 8, TrialBudget())["decode_tok_s"]  # doctest: +SKIP
+    """
+    prompt = prompt[:1]
+    start = prompt.shape[1]
+    decoder = CompiledDecoder(model, start + budget.new + 1, threads=budget.threads, act_bits=act_bits)
+    steps, prefills = [], []
+    for _ in range(budget.repeats + 1):  # the first run warms caches and threads
+        decoder.reset(1)
+        t0 = time.perf_counter()
+        logits = decoder.prefill(prompt)
+        t1 = time.perf_counter()
+        for p in range(start, start + budget.new):
+            logits = decoder.step(logits.argmax(-1), p)
+        steps.append((time.perf_counter() - t1) / budget.new)
+        prefills.append(t1 - t0)
+    step_s, prefill_s = statistics.median(steps[1:]), statistics.median(prefills[1:])
+    return {"decode_tok_s": 1.0 / step_s, "decode_ms": step_s * 1e3, "prefill_ms": prefill_s * 1e3,
+            "mb_token": decoder.bytes_per_token / 1e6}
+
+
+def cost_models(model: nn.Module, point: LLMPoint | None) -> dict[str, float]:
+    """FLOPs and bytes a decode token costs by count: every decoder linear's kept weights (2 FLOPs, `bits`
+    / 8 bytes each, and a mask bit a weight where pruned) and the head's. `point` None: all float32.
+
+    Example:
+        >>> cost_models(tiny_llama(layers=1), None)["bytes_token"] == 4 * (7 * 64 * 64 + 256 * 64) + 4 * 64 * 64
+        True
+    """
+    point = point or LLMPoint(bands=1, head_bits=32)  # no group named: every linear Choice() (dense, float)
+    flops = bytes_ = 0.0
+    for name, choice in point.assignment(len(model.model.layers)).items():
+        weight = model.get_submodule(name).weight
+        pruned = choice.sparsity > 0
+        kept = int((weight != 0).sum()) if pruned else weight.numel()
+        flops += 2.0 * kept
+        bytes_ += kept * choice.bits / 8 + (weight.numel() / 8 if pruned else 0.0)
+    head = model.lm_head.weight.numel()
+    return {"flops_token": flops + 2.0 * head, "bytes_token": bytes_ + head * point.head_bits / 8}
+
+
+def run_llm_trial(point: LLMPoint, workload: Workload, budget: TrialBudget = TrialBudget(), *,
+                  dense_perplexity: float | None = None) -> dict[str, Any]:
+    """One trial's row (see the module docstring). `dense_perplexity`: the dense model's, scored earlier
+    (else scored here); the dense decode is timed again in every trial, so the ratio is same-run.
+
+    Example:
+        >>> run_llm_trial(point, smollm2_tiny_workload())["latency_ratio"]  # doctest: +SKIP
+    """
+    started = time.perf_counter()
+    dense = workload.dense_model()
+    model = copy.deepcopy(dense)
+    compress_llm(model, point, workload.calibration_inputs[0], act_order=budget.act_order, mse=budget.mse)
+    compress_s = time.perf_counter() - started
+    ppl = perplexity_of(workload, model, point.act_bits)
+    prompt = workload.timing_inputs(1)[0]
+    timing = decode_timing(model, prompt, point.act_bits, budget)
+    dense_ms = decode_timing(dense, prompt, 32, budget)["decode_ms"]
+    base_ppl = workload.evaluate(dense) if dense_perplexity is None else float(dense_perplexity)
+    costs, base = cost_models(model, point), cost_models(dense, None)
+    return {"key": point.key(), **point.to_dict(), "bands": point.bands, "workload": workload.name,
+            "metric_name": workload.metric_name, "higher_is_better": False, "perplexity": ppl,
+            "accuracy": ppl, "dense_accuracy": base_ppl, "quality": base_ppl / ppl, **timing,
+            "dense_decode_ms": dense_ms, "latency_ratio": timing["decode_ms"] / dense_ms, **costs,
+            "flops_ratio": costs["flops_token"] / base["flops_token"],
+            "bytes_ratio": costs["bytes_token"] / base["bytes_token"], "compress_s": compress_s,
+            "wall_s": time.perf_counter() - started, "threads": budget.threads or torch.get_num_threads()}
+
+
+class TrialLog:
+    """Trial rows in a JSON-lines file, by point key: `get` a finished point, `add` a new row.
+
+    Example:
+        >>> log = TrialLog("results/llm/trials.jsonl")  # doctest: +SKIP
+        >>> log.get(point) or log.add(run_llm_trial(point, workload))  # doctest: +SKIP
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.rows: dict[str, dict[str, Any]] = {}
+        if self.path.exists():
+            for n, line in enumerate(self.path.read_text().splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                    self.rows[row["key"]] = row
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    raise ConfigError(f"{self.path}:{n} is not a trial row (JSON with a 'key')") from None
+
+    def get(self, point: LLMPoint) -> dict[str, Any] | None:
+        """The row of `point` if it ran before."""
+        return self.rows.get(point.key())
+
+    def add(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Append `row` (one line, flushed before returning) and return it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(json.dumps(row, sort_keys=True) + "\n")
+        self.rows[row["key"]] = row
+        return row
