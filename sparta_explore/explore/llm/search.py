@@ -9,6 +9,10 @@ front is judged on measured latency whatever guided it. A failed trial is logged
 and told as NaN quality. Stopping and starting again with the same log replays the finished rows
 and continues.
 
+The first trials are the `anchors` (default: the model as given, uncompressed, at each activation
+width the space offers): every search starts from the reference it should beat, and its front
+holds it when nothing it found is better. Rows say ``anchor`` True for them.
+
 Example:
     >>> rows = llm_search(smollm2_tiny_workload(), trials=2, bands=1, log="results/llm/tiny.jsonl")  # doctest: +SKIP
     >>> rows[["quality", "latency_ratio"]]  # doctest: +SKIP
@@ -50,9 +54,23 @@ def _number(row: Mapping[str, Any], column: str) -> float:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else math.nan
 
 
+def default_anchors(space: Mapping[str, Any], bands: int) -> list[dict[str, Any]]:
+    """The uncompressed model at each `act_bits` of `space`, where the space holds it.
+
+    Example:
+        >>> [a["act_bits"] for a in default_anchors(search_space(1), 1)]
+        [32, 8]
+    """
+    parsed = Space.from_nni(space)
+    points = [LLMPoint.from_dict({"act_bits": bits}, layers=bands, bands=bands).to_dict()
+              for bits in space.get("act_bits", {}).get("_value", [])]
+    return [p for p in points if parsed.contains(p)]
+
+
 def llm_search(workload: Workload, *, trials: int, log: str | Path, guide: str = "latency", seed: int = 0,
                bands: int = 3, space: Mapping[str, Any] | None = None, startup: int = 8,
-               budget: TrialBudget = TrialBudget(), echo: Callable[[str], None] | None = None) -> pd.DataFrame:
+               anchors: list[Mapping[str, Any]] | None = None, budget: TrialBudget = TrialBudget(),
+               echo: Callable[[str], None] | None = None) -> pd.DataFrame:
     """`trials` points of `space` (default `search_space(bands)`) chosen by a `guide`-guided ParetoTPE; one
     row per trial in search order (see the module docstring).
 
@@ -69,8 +87,9 @@ def llm_search(workload: Workload, *, trials: int, log: str | Path, guide: str =
     trial_log = TrialLog(log)
     dense_ppl = None
     rows = []
+    anchors = list(default_anchors(space, bands) if anchors is None else anchors)
     for n in range(trials):
-        params = tpe.ask()
+        params = dict(anchors[n]) if n < len(anchors) else tpe.ask()
         point = LLMPoint.from_dict(params, layers=layers, bands=bands)
         row = trial_log.get(point)
         if row is None:
@@ -86,7 +105,7 @@ def llm_search(workload: Workload, *, trials: int, log: str | Path, guide: str =
         else:
             how = "logged"
         tpe.tell(params, _number(row, "quality"), _number(row, GUIDES[guide]))
-        rows.append({**row, "search": guide, "seed": seed, "trial": n})
+        rows.append({**row, "search": guide, "seed": seed, "trial": n, "anchor": n < len(anchors)})
         if echo is not None:
             echo(f"trial {n + 1}/{trials} ({how}): perplexity {_number(row, 'perplexity'):.3f}, "
                  f"{_number(row, 'decode_tok_s'):.1f} tok/s, latency ratio {_number(row, 'latency_ratio'):.3f}")

@@ -61,7 +61,7 @@ def test_cost_models_count_kept_weights_at_their_bits():
 
 
 def test_the_search_logs_every_trial_and_resumes_without_running_again(workload, tmp_path, monkeypatch):
-    space = search_space(1, sparsities=(0.0, 0.5), bits=(32, 4), groups=(32,), compressors=("wanda",),
+    space = search_space(1, sparsities=(0.0, 0.5), bits=(32, 4), groups=(32, 128), compressors=("wanda",),
                          head_bits=(32,), act_bits=(8,))
     log = tmp_path / "trials.jsonl"
     lines = []
@@ -69,6 +69,9 @@ def test_the_search_logs_every_trial_and_resumes_without_running_again(workload,
     assert len(first) == 3 and len(TrialLog(log).rows) == first["key"].nunique() == 3
     assert all("(ran)" in line for line in lines)
     assert first["search"].eq("latency").all() and first["quality"].gt(0).all()
+    assert first["anchor"].tolist() == [True, False, False]  # the model as given comes first
+    assert first.loc[0, "bits@mlp.0"] == 32 and first.loc[0, "sparsity@attn.0"] == 0.0
+    assert first.loc[0, "quality"] == pytest.approx(1.0, rel=0.05)  # int8 inputs alone: near the dense
 
     def no_trials(*args, **kwargs):
         raise AssertionError("a logged point ran again")
