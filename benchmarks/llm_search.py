@@ -14,7 +14,7 @@ as CSV and the Pareto plot as PNG (`--out`).
 
     .venv/bin/python benchmarks/llm_search.py --peer-python .venv-llm-peer/bin/python \
         [--trials 24] [--guides latency] [--seeds 0] [--bands 3] [--eval-windows 4] [--calib-windows 8] \
-        [--final-windows 16] [--new 16] [--repeats 3] [--threads 2] [--log results/llm/trials.jsonl] \
+        [--final-windows 16] [--new 16] [--repeats 7] [--threads 2] [--log results/llm/trials.jsonl] \
         [--out docs/benchmarks/llm_search]
 """
 
@@ -100,15 +100,16 @@ def plot(trials: pd.DataFrame, fronts: pd.DataFrame, ladder: pd.DataFrame, dense
     ok = trials.dropna(subset=["perplexity", "decode_tok_s"])
     ax.scatter(ok.decode_tok_s, ok.perplexity, s=12, c="0.7", label="trials (search windows)")
     for guide, f in fronts.groupby("search"):
-        f = f.sort_values("decode_tok_s")
-        ax.plot(f.decode_tok_s, f.perplexity, "o-", label=f"{guide}-guided front (final windows)")
+        line = front(f).sort_values("decode_tok_s")
+        drawn = ax.plot(line.decode_tok_s, line.perplexity, "o-", label=f"{guide}-guided front (final windows)")
+        ax.scatter(f.decode_tok_s, f.perplexity, facecolors="none", edgecolors=drawn[0].get_color())
     ax.scatter(ladder.decode_tok_s, ladder.perplexity, marker="s", c="tab:red", label="llama.cpp")
     for _, t in ladder.iterrows():
         ax.annotate(t["name"], (t.decode_tok_s, t.perplexity), textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax.scatter([dense["decode_tok_s"]], [dense["perplexity"]], marker="*", s=80, c="k", label="dense (own grids)")
     ax.set_xlabel("decode tokens/s (higher is better)")
     ax.set_ylabel("perplexity (lower is better)")
-    ax.set_ylim(top=min(ax.get_ylim()[1], 2.0 * dense["perplexity"]))
+    ax.set_ylim(0.95 * dense["perplexity"], min(ax.get_ylim()[1], 2.0 * dense["perplexity"]))
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -124,7 +125,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--calib-windows", type=int, default=8)
     p.add_argument("--final-windows", type=int, default=16)
     p.add_argument("--new", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--log", type=Path, default=Path("results/llm/trials.jsonl"))
     p.add_argument("--out", type=Path, default=Path("results/llm/search"), help="CSV and PNG path (no suffix)")

@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-windows", type=int, default=4, help="perplexity windows of 512 tokens")
     p.add_argument("--calibration-windows", type=int, default=8, help="calibration windows of 512 tokens")
     p.add_argument("--new", type=int, default=16, help="decode tokens timed after the prompt")
-    p.add_argument("--repeats", type=int, default=3, help="timed decodes (median)")
+    p.add_argument("--repeats", type=int, default=7, help="timed decode rounds (median)")
     p.add_argument("--log", type=Path, default=DEFAULT_LOG, help="the shared trial log (JSON lines)")
     p.add_argument("--order-timeout", type=float, default=120.0,
                    help="seconds to wait for the previous trial to get its parameters (NNI issue 5726)")

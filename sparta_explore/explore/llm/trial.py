@@ -6,9 +6,9 @@ Stages, in order, on a copy of the workload's dense model:
    the head rounded to `head_bits`;
 2. perplexity with the point's activations (`rounded_inputs` for int8: what the step computes);
 3. the compiled decode step (`CompiledDecoder`, weights packed from their grids) timed on the
-   workload's first prompt: tokens/s over `new` greedy tokens and the prompt's prefill, medians of
-   `repeats`; the dense model (as given) timed the same way in the same process, so
-   ``latency_ratio`` = trial over dense decode milliseconds cancels machine drift;
+   workload's first prompt: tokens/s over `new` greedy tokens, medians of `repeats` rounds taking
+   turns with the dense model (as given), so ``latency_ratio`` = trial over dense decode
+   milliseconds holds through the machine's slow spells; the prompt's prefill (own modules);
 4. the cost models the FLOPs- and bytes-guided searches rank by: FLOPs a token (2 x kept weights,
    head included) and bytes a token (kept weights at their bits, a bit a weight of mask where
    pruned), each over the dense model's.
@@ -54,7 +54,7 @@ class TrialBudget:
     """
 
     new: int = 16
-    repeats: int = 3
+    repeats: int = 7
     threads: int | None = None
     act_order: bool = True
     mse: bool = False
@@ -72,29 +72,53 @@ def perplexity_of(workload: Workload, model: nn.Module, act_bits: int) -> float:
     return workload.evaluate(model)
 
 
+PREFILLS = 2  # timed prefills a model (after one untimed): the prompt runs through the model's own modules
+
+
+def paired_timing(models: list[tuple[nn.Module, int]], prompt: torch.Tensor, budget: TrialBudget
+                  ) -> list[dict[str, float]]:
+    """Per (model, act_bits): decode tokens/s, ms a token, prefill ms and the weight MB a token reads.
+
+    Each model's step decodes `budget.new` tokens after the prompt, `budget.repeats` rounds (one
+    untimed first), the models taking turns round by round: a slow spell of the machine lands on
+    all of them, so their ratio holds where their absolute speeds drift. Medians.
+
+    Example:
+        >>> trial, dense = paired_timing([(model, 8), (dense_model, 32)], prompt, TrialBudget())  # doctest: +SKIP
+    """
+    prompt = prompt[:1]
+    start = prompt.shape[1]
+    runs = []
+    for model, act_bits in models:
+        decoder = CompiledDecoder(model, start + budget.new + 1, threads=budget.threads, act_bits=act_bits)
+        decoder.reset(1)
+        prefills = []
+        for _ in range(PREFILLS + 1):
+            t0 = time.perf_counter()
+            first = decoder.prefill(prompt).argmax(-1)
+            prefills.append(time.perf_counter() - t0)
+        runs.append((decoder, first, statistics.median(prefills[1:]), []))
+    for _ in range(budget.repeats + 1):
+        for decoder, first, _, steps in runs:  # the cache past the prompt is rewritten each round
+            token, t0 = first, time.perf_counter()
+            for position in range(start, start + budget.new):
+                token = decoder.step(token, position).argmax(-1)
+            steps.append((time.perf_counter() - t0) / budget.new)
+    out = []
+    for decoder, _, prefill_s, steps in runs:
+        step_s = statistics.median(steps[1:])
+        out.append({"decode_tok_s": 1.0 / step_s, "decode_ms": step_s * 1e3, "prefill_ms": prefill_s * 1e3,
+                    "mb_token": decoder.bytes_per_token / 1e6})
+    return out
+
+
 def decode_timing(model: nn.Module, prompt: torch.Tensor, act_bits: int, budget: TrialBudget) -> dict[str, float]:
-    """Decode tokens/s, milliseconds a token and prefill ms of `model` through the compiled step, and the
-    weight MB a token reads (medians of `budget.repeats`).
+    """`paired_timing` of one model.
 
     Example:
         >>> decode_timing(model, prompt, 8, TrialBudget())["decode_tok_s"]  # doctest: +SKIP
     """
-    prompt = prompt[:1]
-    start = prompt.shape[1]
-    decoder = CompiledDecoder(model, start + budget.new + 1, threads=budget.threads, act_bits=act_bits)
-    steps, prefills = [], []
-    for _ in range(budget.repeats + 1):  # the first run warms caches and threads
-        decoder.reset(1)
-        t0 = time.perf_counter()
-        logits = decoder.prefill(prompt)
-        t1 = time.perf_counter()
-        for p in range(start, start + budget.new):
-            logits = decoder.step(logits.argmax(-1), p)
-        steps.append((time.perf_counter() - t1) / budget.new)
-        prefills.append(t1 - t0)
-    step_s, prefill_s = statistics.median(steps[1:]), statistics.median(prefills[1:])
-    return {"decode_tok_s": 1.0 / step_s, "decode_ms": step_s * 1e3, "prefill_ms": prefill_s * 1e3,
-            "mb_token": decoder.bytes_per_token / 1e6}
+    return paired_timing([(model, act_bits)], prompt, budget)[0]
 
 
 def cost_models(model: nn.Module, point: LLMPoint | None) -> dict[str, float]:
@@ -132,8 +156,8 @@ def run_llm_trial(point: LLMPoint, workload: Workload, budget: TrialBudget = Tri
     compress_s = time.perf_counter() - started
     ppl = perplexity_of(workload, model, point.act_bits)
     prompt = workload.timing_inputs(1)[0]
-    timing = decode_timing(model, prompt, point.act_bits, budget)
-    dense_ms = decode_timing(dense, prompt, 32, budget)["decode_ms"]
+    timing, dense_timing = paired_timing([(model, point.act_bits), (dense, 32)], prompt, budget)
+    dense_ms = dense_timing["decode_ms"]
     base_ppl = workload.evaluate(dense) if dense_perplexity is None else float(dense_perplexity)
     costs, base = cost_models(model, point), cost_models(dense, None)
     return {"key": point.key(), **point.to_dict(), "bands": point.bands, "workload": workload.name,
