@@ -7,7 +7,8 @@ lm_head stay dense. Rows: dense; magnitude 50% (the |W| top half of each output 
 calibration); Wanda 50% and 2:4; SparseGPT 50% and 2:4 (weights re-solved in place); GPTQ
 8-bit and 4-bit, asymmetric grids of 128 input columns (the last of the hidden width 576 has 64), in
 activation order, each grid's range searched for the least error (`mse`), weights replaced by their
-de-quantized values; SparseGPT 50% then GPTQ 4-bit g128 on the kept weights (mask kept).
+de-quantized values; SparseGPT 50% then GPTQ 4-bit g128 on the kept weights (mask kept); GPTQ 4-bit
+g128 on the MLPs of the last third of the layers only, the rest as given (the LLM search's pick).
 Calibration: the first `--calib-windows` (32) windows of 512 tokens of the calibration split.
 
 llama.cpp (`--peer-python`, the venv .venv-llm-peer; `llm_peer.py` drives `llm_llamacpp_worker.py`): the
@@ -79,6 +80,7 @@ from typing import Any
 
 import torch
 from llm_ours import (
+    LATE_MLP_GPTQ_4,
     MAGNITUDE_50,
     SPARSEGPT_50_GPTQ_4,
     STEP,
@@ -123,7 +125,8 @@ from sparta_explore.zoo.llm import (
 HERE = Path(__file__).resolve().parent
 FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni")
 SEQ_LEN, PROMPT_LEN, METRIC_BATCH = 512, 128, 4
-OURS = (DENSE, MAGNITUDE_50, WANDA_50, SPARSEGPT_50, WANDA_24, SPARSEGPT_24, GPTQ_8, GPTQ_4, SPARSEGPT_50_GPTQ_4)
+OURS = (DENSE, MAGNITUDE_50, WANDA_50, SPARSEGPT_50, WANDA_24, SPARSEGPT_24, GPTQ_8, GPTQ_4, SPARSEGPT_50_GPTQ_4,
+        LATE_MLP_GPTQ_4)
 COMPILE_ROWS = (WANDA_50, SPARSEGPT_50, SPARSEGPT_50_GPTQ_4)
 PEER = "llama.cpp-"
 QUICK_OURS, QUICK_PEER = (DENSE, WANDA_50, SPARSEGPT_50, GPTQ_4), ("Q8_0", "Q4_K_M")

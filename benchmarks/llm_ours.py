@@ -45,6 +45,7 @@ from sparta_explore.quantizers import GPTQConfig, quantize
 from sparta_explore.tesa_table import TeSATable
 
 MAGNITUDE_50, SPARSEGPT_50_GPTQ_4 = "magnitude-50%", f"sparsegpt-50%+gptq-w4g{GPTQ_GROUP}"
+LATE_MLP_GPTQ_4 = f"late-mlp-gptq-w4g{GPTQ_GROUP}"  # the LLM search's pick: MLPs of the last third, the rest as given
 START = time.monotonic()
 
 
@@ -66,11 +67,14 @@ def recipes(linears: tuple[str, ...]) -> dict[str, tuple[Step, ...]]:
     sparsegpt_50 = Step("sparsegpt", SparseGPTConfig(0.5, **ops))
     gptq = {"group_size": GPTQ_GROUP, "act_order": True, "mse": True, **ops}  # GPTQ's own best settings
     gptq_4 = Step("gptq", GPTQConfig(4, **gptq))
+    layers = len({name.split(".")[2] for name in linears})
+    late_mlp = tuple(n for n in linears if ".mlp." in n and int(n.split(".")[2]) >= layers - layers // 3)
     return {DENSE: (), MAGNITUDE_50: (Step("magnitude", 0.5),), WANDA_50: (Step("wanda", WandaConfig(0.5, **ops)),),
             SPARSEGPT_50: (sparsegpt_50,), WANDA_24: (Step("wanda", WandaConfig(nm=(2, 4), **ops)),),
             SPARSEGPT_24: (Step("sparsegpt", SparseGPTConfig(nm=(2, 4), **ops)),),
             GPTQ_8: (Step("gptq", GPTQConfig(8, **gptq)),), GPTQ_4: (gptq_4,),
-            SPARSEGPT_50_GPTQ_4: (sparsegpt_50, gptq_4)}
+            SPARSEGPT_50_GPTQ_4: (sparsegpt_50, gptq_4),
+            LATE_MLP_GPTQ_4: (Step("gptq", GPTQConfig(4, **{**gptq, "op_names": late_mlp})),)}
 
 
 @dataclass
@@ -135,12 +139,15 @@ def compress(dense: nn.Module, steps: tuple[Step, ...], calib: torch.Tensor, lin
                 se.apply_table(model, table)  # Wanda and magnitude leave the weights as they were; SparseGPT zeroed
     row = Row("", "torch-eager", calib_s=time.perf_counter() - start if steps else math.nan, model=model, table=table)
     weights = [model.get_submodule(name).weight for name in linears]
-    kept = [int(table[f"{name}.weight"].kept.sum()) if table is not None else w.numel()
-            for name, w in zip(linears, weights)]
+    in_table = [table is not None and f"{name}.weight" in table for name in linears]  # GPTQ may take some only
+    kept = [int(table[f"{name}.weight"].kept.sum()) if there else w.numel()
+            for name, w, there in zip(linears, weights, in_table)]
     names = set(linears)
     others = sum(p.numel() for n, p in model.named_parameters() if n.removesuffix(".weight") not in names)
-    row.weights_mb = 1e-6 * weights_bytes([LinearWeights(*w.shape, k) for w, k in zip(weights, kept)], others, bits,
-                                          group)
+    shapes = [LinearWeights(*w.shape, k) for w, k in zip(weights, kept)]
+    quantized = [bits < 32 and there for there in in_table]  # the others stay float32
+    row.weights_mb = 1e-6 * (weights_bytes([w for w, q in zip(shapes, quantized) if q], others, bits, group)
+                             + weights_bytes([w for w, q in zip(shapes, quantized) if not q], 0))
     return row
 
 
