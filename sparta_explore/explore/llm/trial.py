@@ -46,7 +46,7 @@ from sparta_explore.workload import Workload
 @dataclass(frozen=True)
 class TrialBudget:
     """How much a trial measures: `new` decode tokens after the workload's first prompt, `repeats` times, on
-    `threads` (None: torch's); `damp` / `act_order` / `mse` go to GPTQ.
+    `threads` (None: torch's); `act_order` / `mse` go to GPTQ.
 
     Example:
         >>> TrialBudget(new=8).new
