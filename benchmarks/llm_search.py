@@ -35,6 +35,7 @@ from llm_ours import log
 from llm_peer import QUANT_TYPES
 
 from sparta_explore.explore.llm.compress import compress_llm
+from sparta_explore.explore.llm.prefix import CalibrationCache
 from sparta_explore.explore.llm.search import GUIDES, llm_search
 from sparta_explore.explore.llm.space import LLMPoint
 from sparta_explore.explore.llm.trial import TrialBudget, decode_timing, perplexity_of
@@ -80,11 +81,13 @@ def dominated_types(ours: pd.DataFrame, ladder: pd.DataFrame) -> list[str]:
     return lines
 
 
-def rescore(params: dict[str, Any], final: Any, calib: torch.Tensor, budget: TrialBudget, bands: int) -> dict:
-    """A front point compressed again, scored on the final windows and its decode timed again."""
+def rescore(params: dict[str, Any], final: Any, calib: torch.Tensor, budget: TrialBudget, bands: int,
+            cache: CalibrationCache) -> dict:
+    """A front point compressed again (from the search's kept calibration), scored on the final windows and its
+    decode timed again."""
     point = LLMPoint.from_dict(params, layers=len(final.dense_model().model.layers), bands=bands)
     model = copy.deepcopy(final.dense_model())
-    compress_llm(model, point, calib, act_order=budget.act_order, mse=budget.mse)
+    compress_llm(model, point, calib, act_order=budget.act_order, mse=budget.mse, cache=cache)
     timing = decode_timing(model, final.timing_inputs(1)[0], point.act_bits, budget)
     return {"perplexity": perplexity_of(final, model, point.act_bits), **timing}
 
@@ -141,12 +144,12 @@ def main() -> None:
     warnings.simplefilter("ignore")
     budget = TrialBudget(new=args.new, repeats=args.repeats, threads=args.threads)
     search = smollm2_workload(eval_windows=args.eval_windows, calibration_windows=args.calib_windows)
-    trials = []
+    cache, trials = CalibrationCache(), []
     for guide in args.guides:
         for seed in args.seeds:
             log(f"{guide}-guided search, seed {seed}: {args.trials} trials")
             trials.append(llm_search(search, trials=args.trials, log=args.log, guide=guide, seed=seed,
-                                     bands=args.bands, budget=budget, echo=log))
+                                     bands=args.bands, budget=budget, echo=log, cache=cache))
     trials = pd.concat(trials, ignore_index=True)
     final = smollm2_workload(eval_windows=args.final_windows, calibration_windows=args.calib_windows)
     calib = search.calibration_inputs[0]
@@ -160,7 +163,7 @@ def main() -> None:
             log(f"{guide} front: re-scoring trial {row['trial']} ({row['perplexity']:.3f} on {args.eval_windows})")
             fronts.append({"name": f"{guide}/{seed}/t{row['trial']}", "search": guide, "seed": seed,
                            "trial": row["trial"], "search_perplexity": row["perplexity"],
-                           **rescore(params, final, calib, budget, args.bands), **params})
+                           **rescore(params, final, calib, budget, args.bands, cache), **params})
     fronts = pd.DataFrame(fronts)
     ladder = pd.DataFrame()
     if args.peer_python is not None:

@@ -343,6 +343,10 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
                    help="package file to write (default: exported/<key>.sparta beside the results)")
     p.add_argument("--runs", type=positive_int, default=20, help="timed forward calls per latency measurement")
     p.add_argument("--cache-dir", type=Path, default=None, help="trained weights, kernels and device profile")
+    p.add_argument("--eval-windows", type=positive_int, default=4,
+                   help="an LLM trial: perplexity windows, as its search scored (the search's default: 4)")
+    p.add_argument("--calibration-windows", type=positive_int, default=8,
+                   help="an LLM trial: calibration windows, as its search compressed with (default: 8)")
 
 
 @command("export", "rebuild the trial you picked (its seed, its kernels), check its metric, save it as a package",
@@ -358,6 +362,14 @@ def _export(args: argparse.Namespace) -> int:
                           "with --trial they mean nothing")
     row = pick_trial(load_trials(args.results), trial=args.trial, best=args.best, **targets)
     out = args.out or _results_folder(args.results) / "exported" / f"{row['key']}.sparta"
+    if "decode_ms" in row.index:  # a row of an LLM trial log
+        from sparta_explore.explore.llm.export import export_llm_trial
+        from sparta_explore.explore.llm.nni_trial import llm_workload
+
+        workload = llm_workload(str(row["workload"]), eval_windows=args.eval_windows,
+                                calibration_windows=args.calibration_windows)
+        print("\n".join(export_llm_trial(row.dropna().to_dict(), out, workload, echo=print).lines()))
+        return 0
     result = export_trial(row, out, cache_dir=args.cache_dir, runs=args.runs, source=str(args.results), echo=print)
     print("\n".join(result.lines()))
     return 0

@@ -98,6 +98,18 @@ def why_not_compiled(model: nn.Module) -> str | None:
         return "no C compiler to build the decode step"
     if (why := why_no_kernels()) is not None:
         return why
+    return why_not_step_shaped(model)
+
+
+def why_not_step_shaped(model: nn.Module) -> str | None:
+    """Why the Llama-pattern `model`'s layers are not what the decode step computes (SiLU MLPs, RMSNorms, float32
+    linears without biases it cannot read), or None; the machine is not asked (no compiler needed).
+
+    Example:
+        >>> from sparta_explore.zoo.llm.workloads import tiny_llama
+        >>> why_not_step_shaped(tiny_llama(layers=1)) is None
+        True
+    """
     config = model.config
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"the MLP's activation is {config.hidden_act!r}, the step computes SiLU"

@@ -25,6 +25,8 @@ from __future__ import annotations
 import itertools
 import warnings
 import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -34,13 +36,56 @@ from sparta_explore.compile.decoder import CompiledDecoder, rounded_inputs, why_
 from sparta_explore.compile.llama_step import LlamaStep, why_not_llama
 from sparta_explore.errors import ConfigError
 from sparta_explore.kernels.decode_step import MAX_BATCH
+from sparta_explore.kernels.packed_weights import PackedWeight
 
 _decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {act_bits: (versions, decoder)}
+DECODE_ATTRIBUTE = "sparta_decode"  # a model loaded from a decoder package: its `DecodeSettings`
 
 
 def _versions(model: nn.Module) -> tuple:
     # buffers too: kernels compiled in place hold their weights as buffers
     return tuple((t.data_ptr(), t._version) for t in itertools.chain(model.parameters(), model.buffers()))
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """How a model loaded from a decoder package decodes: the activation width it was measured with and its
+    weights' packed layouts, which the step reads while the model's tensors are the loaded ones (`versions`);
+    `loaded`: how the load went and the package's manifest (an exported trial's figures in its metadata).
+
+    Example:
+        >>> getattr(se.load("pick.sparta"), DECODE_ATTRIBUTE).act_bits   # doctest: +SKIP
+        8
+    """
+
+    act_bits: int
+    packed: Mapping[str, PackedWeight]
+    versions: tuple
+    loaded: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def attach(cls, model: nn.Module, act_bits: int, packed: Mapping[str, PackedWeight],
+               loaded: Mapping[str, Any] | None = None) -> DecodeSettings:
+        """Record the settings on `model` (its tensors as they are now) and return them.
+
+        Example:
+            >>> DecodeSettings.attach(llama, 8, packed).act_bits   # doctest: +SKIP
+            8
+        """
+        settings = cls(int(act_bits), dict(packed), _versions(model), dict(loaded or {}))
+        object.__setattr__(model, DECODE_ATTRIBUTE, settings)
+        return settings
+
+
+def default_act_bits(model: nn.Module) -> int:
+    """The activation width `generate` uses when none is given: the loaded package's, else 32 (float).
+
+    Example:
+        >>> default_act_bits(nn.Linear(2, 2))
+        32
+    """
+    settings = getattr(model, DECODE_ATTRIBUTE, None)
+    return settings.act_bits if isinstance(settings, DecodeSettings) else 32
 
 
 def compiled_decoder(model: nn.Module, max_len: int, act_bits: int = 32) -> CompiledDecoder:
@@ -56,8 +101,11 @@ def compiled_decoder(model: nn.Module, max_len: int, act_bits: int = 32) -> Comp
     held = kept.get(act_bits)
     if held is not None and held[0] == versions and held[1].max_len >= max_len:
         return held[1]
-    same = [d for v, d in kept.values() if v == versions]  # any decoder of these tensors: its packed weights
-    decoder = CompiledDecoder(model, max_len, packed=same[0].packed if same else None, act_bits=act_bits)
+    same = [d.packed for v, d in kept.values() if v == versions]  # any decoder of these tensors: its packed weights
+    settings = getattr(model, DECODE_ATTRIBUTE, None)
+    if isinstance(settings, DecodeSettings) and settings.versions == versions:  # as loaded: the package's layouts
+        same.append(dict(settings.packed))
+    decoder = CompiledDecoder(model, max_len, packed=same[0] if same else None, act_bits=act_bits)
     kept[act_bits] = (versions, decoder)
     return decoder
 
@@ -113,12 +161,13 @@ def _decode_path(model: nn.Module, batch: int, max_len: int, compiled: bool, act
 
 @torch.inference_mode()
 def generate(model: nn.Module, input_ids: torch.Tensor, max_new_tokens: int, *,
-             attention_mask: torch.Tensor | None = None, compiled: bool = True, act_bits: int = 32,
+             attention_mask: torch.Tensor | None = None, compiled: bool = True, act_bits: int | None = None,
              **kwargs: Any) -> torch.Tensor:
     """Greedy tokens of `model` after `input_ids` (batch, t): the prompt and up to `max_new_tokens` new tokens.
 
     `act_bits=8` rounds every projection's input per 32 columns to int8 (faster integer kernels;
-    the tokens are those of the model under `rounded_inputs`).
+    the tokens are those of the model under `rounded_inputs`); None: the width a loaded package
+    was measured with (`DecodeSettings`), else 32.
 
     `pad_token_id` / `eos_token_id` default to the model's generation config; a sequence that
     emits the end token is padded after it, and decoding stops once every sequence has. Other
@@ -130,6 +179,7 @@ def generate(model: nn.Module, input_ids: torch.Tensor, max_new_tokens: int, *,
     """
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    act_bits = default_act_bits(model) if act_bits is None else act_bits
     if act_bits not in (8, 32):
         raise ConfigError(f"act_bits must be 32 (float inputs) or 8 (int8 runs of 32 columns), got {act_bits!r}")
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:

@@ -9,6 +9,11 @@ The flow every one-shot compressor (Wanda, SparseGPT, GPTQ, OWL's outlier pass) 
 
 Only one block's inputs are held at a time, never the whole model's activations.
 
+A caller that kept the inputs some block `start` received in an earlier run of the same
+compressions (an LLM search's trials sharing a prefix of choices) resumes there: `start` and
+`start_hidden` skip the blocks before it, and `after_block` sees each block's outputs (the next
+block's inputs) so they can be kept.
+
 `true_sequential` (GPTQ's ``--true-sequential``) splits step 2 within a block: its linears
 are grouped by the input they read, in call order (a Llama block: q/k/v, then o, then
 gate/up, then down), and each group is calibrated on the block run with the groups before
@@ -42,6 +47,8 @@ from sparta_explore.oneshot.statistics import InputHessian, InputStatistic
 # block's outputs are computed (Wanda zeroes weights only while the next block is fed), or None
 CompressFn = Callable[[int, dict[str, nn.Module], dict[str, Any]], Callable[[], None] | None]
 StatisticFn = Callable[[str, nn.Module], InputStatistic]
+# after_block(block index, the next block's hidden inputs per sample; None after the last block)
+AfterBlockFn = Callable[[int, list[torch.Tensor] | None], None]
 
 
 def layers_by_block(model: nn.Module, layers: Mapping[str, nn.Module]) -> list[dict[str, nn.Module]]:
@@ -121,7 +128,9 @@ def input_groups(block: nn.Module, sample: BlockInput, layers: Mapping[str, nn.M
 
 def calibrate_sequentially(model: nn.Module, samples: Sequence[CalibrationSample], layers: Mapping[str, nn.Module],
                            make_statistic: StatisticFn, compress: CompressFn, *, desc: str = "one-shot",
-                           true_sequential: bool = False) -> None:
+                           true_sequential: bool = False, start: int = 0,
+                           start_hidden: Sequence[torch.Tensor] | None = None,
+                           after_block: AfterBlockFn | None = None) -> None:
     """Run `compress` on each block's `layers`, in order, each calibrated on the compressed blocks' outputs.
 
     `make_statistic(name, layer)` builds what a layer's inputs accumulate into (an
@@ -129,7 +138,9 @@ def calibrate_sequentially(model: nn.Module, samples: Sequence[CalibrationSample
     changes the block's weights and may return an undo, run once the block's outputs are
     computed. Blocks without a selected layer are only run. The model runs in eval mode,
     without gradients; its train/eval mode is restored afterwards. `true_sequential`: see
-    the module docstring (each group's undo waits for the block's outputs too).
+    the module docstring (each group's undo waits for the block's outputs too). `start`,
+    `start_hidden` (the hidden states block `start` receives, per sample) and `after_block`:
+    resuming (the module docstring); blocks before `start` are neither run nor compressed.
 
     Example:
         >>> def stat(name, layer): return InputHessian(layer.in_features)
@@ -137,12 +148,20 @@ def calibrate_sequentially(model: nn.Module, samples: Sequence[CalibrationSample
     """
     blocks = find_blocks(model)
     grouped = layers_by_block(model, layers)
+    if not 0 <= start < len(blocks) or (start > 0) != (start_hidden is not None):
+        raise ValueError(f"calibrate_sequentially: start {start} of {len(blocks)} blocks needs the hidden states "
+                         "that block receives (start_hidden), and only then")
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            inputs = capture_block_inputs(model, blocks[0][1], samples)
-            bar = tqdm(list(enumerate(blocks)), desc=desc, unit="block", leave=False, disable=None)
+            inputs = capture_block_inputs(model, blocks[0][1], samples)  # the other inputs (masks, rotary) too
+            if start_hidden is not None:
+                if len(start_hidden) != len(inputs):
+                    raise ValueError(f"calibrate_sequentially: {len(start_hidden)} hidden states for "
+                                     f"{len(inputs)} samples")
+                inputs = [inp.with_hidden(h) for inp, h in zip(inputs, start_hidden)]
+            bar = tqdm(list(enumerate(blocks))[start:], desc=desc, unit="block", leave=False, disable=None)
             for index, (_, block) in bar:
                 own = grouped[index]
                 undos = []
@@ -158,6 +177,8 @@ def calibrate_sequentially(model: nn.Module, samples: Sequence[CalibrationSample
                     for undo in undos:
                         if undo is not None:
                             undo()
+                if after_block is not None:
+                    after_block(index, [inp.hidden for inp in inputs] if index + 1 < len(blocks) else None)
     finally:
         model.train(was_training)
 
@@ -174,7 +195,9 @@ def statistic_columns(layer: nn.Module) -> int:
 
 def obs_sequentially(model: nn.Module, samples: Sequence[CalibrationSample], layers: Mapping[str, nn.Module],
                      sweep: Callable[[str, torch.Tensor, torch.Tensor], OBSResult], *, dtype: torch.dtype,
-                     desc: str, true_sequential: bool = False) -> dict[str, OBSResult]:
+                     desc: str, true_sequential: bool = False, start: int = 0,
+                     start_hidden: Sequence[torch.Tensor] | None = None,
+                     after_block: AfterBlockFn | None = None) -> dict[str, OBSResult]:
     """`calibrate_sequentially` with input Hessians: each layer's weight replaced by `sweep(name, W, H)`'s.
 
     SparseGPT and GPTQ differ only in the sweep (`obs_compress`'s arguments); per layer, its result.
@@ -196,5 +219,6 @@ def obs_sequentially(model: nn.Module, samples: Sequence[CalibrationSample], lay
         return InputHessian(weight_matrix(layer).shape[1], dtype, device=layer.weight.device)
 
     calibrate_sequentially(model, samples, layers, statistic, compress_block, desc=desc,
-                           true_sequential=true_sequential)
+                           true_sequential=true_sequential, start=start, start_hidden=start_hidden,
+                           after_block=after_block)
     return results

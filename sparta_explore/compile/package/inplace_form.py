@@ -53,7 +53,13 @@ from sparta_explore.module_tree import put_module
 from sparta_explore.tracing.kv_cache import kv_cache_off
 
 
-def _identity(model: nn.Module) -> dict[str, Any]:
+def model_identity(model: nn.Module) -> dict[str, Any]:
+    """The model's class name and, for a Hugging Face model, its config: what `fresh_model` rebuilds it from.
+
+    Example:
+        >>> model_identity(nn.Linear(2, 2))
+        {'class': 'torch.nn.modules.linear.Linear'}
+    """
     cls = type(model)
     identity: dict[str, Any] = {"class": qualified_name(cls)}
     config = getattr(model, "config", None)
@@ -91,7 +97,7 @@ def save_inplace(model: nn.Module, path: Path, *, metadata: Mapping[str, Any] | 
     state = {name: store.add(t) for name, t in model.state_dict().items() if not _under(name, info.swapped)}
     example, example_arrays = example_record(_run_without_cache(model), info.record.example)
     arrays, meta = store.arrays()
-    data = {"kind": "inplace", "identity": _identity(model), "training": model.training, "kernels": kernels,
+    data = {"kind": "inplace", "identity": model_identity(model), "training": model.training, "kernels": kernels,
             "state": state, "tensors": meta, "libraries": libraries.records,
             "example": {**example, "tolerance": info.record.tolerance}, "notes": [],
             "report": report_record(info.report, info.passes, info.checks, info.guard, info.seconds, enc, model)}
@@ -99,7 +105,7 @@ def save_inplace(model: nn.Module, path: Path, *, metadata: Mapping[str, Any] | 
     return write_package(path, parts, manifest("inplace", started, len(libraries.records), [], metadata))
 
 
-def _fresh_model(identity: Mapping[str, Any], allow: Collection[str], package: Path) -> nn.Module:
+def fresh_model(identity: Mapping[str, Any], allow: Collection[str], package: Path) -> nn.Module:
     """A new instance of the saved Hugging Face model class from its saved config (random weights, soon replaced)."""
     if "config" not in identity:
         raise PackageError(f"{package}: holds a {identity.get('class')} compiled in place; its code is not in the "
@@ -141,7 +147,7 @@ def load_inplace(opened: OpenedPackage, model: nn.Module | None, started: float)
     data, dec, path = opened.data, opened.decoder, opened.reader.path
     identity = data.get("identity") or {}
     if model is None:
-        model = _fresh_model(identity, dec.allow, path)
+        model = fresh_model(identity, dec.allow, path)
     elif qualified_name(type(model)) != identity.get("class"):
         raise PackageError(f"{path}: holds a {identity.get('class')}, the given model is a "
                            f"{qualified_name(type(model))}")

@@ -12,7 +12,9 @@
    elsewhere within the compile tolerance. Outputs beyond it switch every kernel to its
    reference and check again; if even that fails, loading fails.
 
-A package of a model compiled in place loads into a model (`inplace_form.load_inplace`).
+A package of a model compiled in place loads into a model (`inplace_form.load_inplace`); a decoder
+package (a compressed Llama as the decode step reads it) into a Hugging Face model that
+`generate` decodes through the step (`decoder_form.load_decoder`).
 
 Example:
     >>> cm = load("bert.sparta")   # doctest: +SKIP
@@ -30,6 +32,7 @@ from torch import nn
 
 from sparta_explore.compile.compiled_model import CompiledModel, CompileRecord, SizeGuard
 from sparta_explore.compile.package.archive import PackageReader
+from sparta_explore.compile.package.decoder_form import load_decoder
 from sparta_explore.compile.package.inplace_form import load_inplace
 from sparta_explore.compile.package.modules import decode_module
 from sparta_explore.compile.package.parts import INPUT_TABLE, TABLE, example_call, frame_from, read_table
@@ -46,8 +49,8 @@ from sparta_explore.errors import PackageError
 def load(path: str | os.PathLike, *, model: nn.Module | None = None, cache_dir: str | os.PathLike | None = None,
          allow: Collection[str] = ()) -> CompiledModel | nn.Module:
     """The model saved at `path` (see the module docstring): a `CompiledModel`, or, for a package of a model
-    compiled in place, that model with its kernels (`model`: a fresh instance of the same architecture to load
-    into; Hugging Face models are rebuilt from their saved config when it is None).
+    compiled in place or of a decoder, that model with its kernels (`model`: a fresh instance of the same
+    architecture to load into; Hugging Face models are rebuilt from their saved config when it is None).
 
     `cache_dir`: where kernel libraries are built and cached (None: the default cache);
     `allow`: packages of your own whose module classes the model holds (as given to `save`).
@@ -62,6 +65,8 @@ def load(path: str | os.PathLike, *, model: nn.Module | None = None, cache_dir: 
     try:
         if kind == "inplace":
             return load_inplace(opened, model, started)
+        if kind == "decoder":
+            return load_decoder(opened, model, started)
         return _load_compiled(opened, model, started)
     except BaseException:
         opened.libraries.abort()  # builds not started yet never start; a finished load changes nothing here

@@ -29,7 +29,8 @@ from sparta_explore.compile.package.tensors import TensorTable
 from sparta_explore.compile.package.values import Decoder
 from sparta_explore.errors import PackageError
 
-KINDS = ("compiled", "inplace")  # a CompiledModel's graph; a model compiled in place (its kernels by path)
+# a CompiledModel's graph; a model compiled in place (its kernels by path); a Llama as the decode step reads it
+KINDS = ("compiled", "inplace", "decoder")
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class OpenedPackage:
 
 
 def package_kind(reader: PackageReader) -> str:
-    """The kind of model the package holds ("compiled" or "inplace")."""
+    """The kind of model the package holds (one of `KINDS`)."""
     kind = reader.manifest.get("kind")
     if kind not in KINDS:
         raise PackageError(f"{reader.path}: holds a model of unknown kind {kind!r}")

@@ -14,8 +14,10 @@ The package (`archive.py`) holds:
 * ``table.npz`` (and ``input_table.npz``): the TeSA tables compile used.
 
 A model compiled in place is saved by `inplace_form.save_inplace` (its own module tree
-cannot be written as a graph). A model the guard left running eagerly (the user's own masked
-module) is saved as the masked captured graph, which computes the same; the manifest says so.
+cannot be written as a graph); a Llama-pattern causal LM as it is (compressed, not compiled) by
+`decoder_form.save_decoder`: its weights as the decode step reads them. A model the guard left
+running eagerly (the user's own masked module) is saved as the masked captured graph, which
+computes the same; the manifest says so.
 
 Example:
     >>> save(cm, "bert.sparta")   # doctest: +SKIP
@@ -30,11 +32,14 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.fx as fx
 from torch import nn
 
 from sparta_explore.compile.inplace import ATTRIBUTE
+from sparta_explore.compile.llama_step import why_not_llama
 from sparta_explore.compile.package.archive import write_package
+from sparta_explore.compile.package.decoder_form import save_decoder
 from sparta_explore.compile.package.inplace_form import save_inplace
 from sparta_explore.compile.package.kernels import LibraryCollector
 from sparta_explore.compile.package.modules import encode_module
@@ -65,21 +70,31 @@ def _runnable(cm: Any, module: nn.Module, what: str) -> tuple[fx.GraphModule, st
 
 
 def save(model: nn.Module, path: str | os.PathLike, *, metadata: Mapping[str, Any] | None = None,
-         allow: Collection[str] = ()) -> Path:
-    """Write a compiled model (or one compiled in place) to the package file `path`; returns the path.
+         allow: Collection[str] = (), act_bits: int | None = None, example_ids: torch.Tensor | None = None) -> Path:
+    """Write a compiled model (or one compiled in place, or a Llama for the decode step) to the package file
+    `path`; returns the path.
 
     `metadata` (JSON-able) goes into the manifest; `allow` names packages of your own whose
     module classes the model holds (they must be importable where it is loaded, with the same
-    `allow`).
+    `allow`). A Llama's package decodes with `act_bits` (32, or 8: int8 activations) and checks
+    `example_ids` (a prompt) at load.
 
     Example:
         >>> save(cm, "model.sparta", metadata={"trial": "a1b2"})   # doctest: +SKIP
     """
-    if isinstance(getattr(model, "record", None), CompileRecord):  # a CompiledModel (from compile or load)
+    compiled = isinstance(getattr(model, "record", None), CompileRecord)  # a CompiledModel (from compile or load)
+    inplace = isinstance(model, nn.Module) and getattr(model, ATTRIBUTE, None) is not None
+    if (compiled or inplace) and (act_bits is not None or example_ids is not None):
+        raise PackageError("act_bits / example_ids describe a Llama saved for the decode step, not a compiled model")
+    if compiled:
         return _save_compiled(model, Path(path), metadata, allow)
-    if isinstance(model, nn.Module) and getattr(model, ATTRIBUTE, None) is not None:
+    if inplace:
         return save_inplace(model, Path(path), metadata=metadata, allow=allow)
-    raise PackageError(f"save takes a CompiledModel or a model compiled in place, got {type(model).__name__}")
+    if isinstance(model, nn.Module) and why_not_llama(model) is None:
+        return save_decoder(model, Path(path), act_bits=32 if act_bits is None else act_bits,
+                            example_ids=example_ids, metadata=metadata)
+    raise PackageError(f"save takes a CompiledModel, a model compiled in place or a Llama-pattern causal LM, got "
+                       f"{type(model).__name__}")
 
 
 def _save_compiled(cm: Any, path: Path, metadata: Mapping[str, Any] | None, allow: Collection[str]

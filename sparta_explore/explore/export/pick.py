@@ -1,7 +1,8 @@
 """Which trial to export: every finished trial of a results location, and the one the user asked for.
 
 A results location is a sweep folder or a protocol folder (``rows/``), an NNI experiment
-folder (``db/nni.sqlite``) or a results CSV. A trial is named by its key, its NNI trial id
+folder (``db/nni.sqlite``), a results CSV, or an LLM search's trial log (``.jsonl``: its
+perplexity is the metric, decode ms a token the latency). A trial is named by its key, its NNI trial id
 or its NNI sequence number (in that order), or a unique prefix of its key; or picked as the
 best one:
 
@@ -33,7 +34,7 @@ from sparta_explore.quality import as_bool, quality_column
 
 
 def load_trials(path: str | os.PathLike) -> pd.DataFrame:
-    """The finished trials of a sweep or protocol folder, an NNI experiment folder or a results CSV.
+    """The finished trials of a sweep or protocol folder, an NNI experiment folder, a results CSV or an LLM trial log.
 
     Example:
         >>> load_trials("results/demo")[["key", "accuracy", "latency_ms"]]   # doctest: +SKIP
@@ -41,7 +42,13 @@ def load_trials(path: str | os.PathLike) -> pd.DataFrame:
     from sparta_explore.explore.sweep import load_results
 
     path = Path(path)
-    if path.is_dir() and (path / "db" / "nni.sqlite").is_file():
+    if path.suffix == ".jsonl":
+        from sparta_explore.explore.llm.export import llm_trials
+
+        if not path.is_file():
+            raise ConfigError(f"{path}: no such LLM trial log")
+        df = llm_trials(path)
+    elif path.is_dir() and (path / "db" / "nni.sqlite").is_file():
         from sparta_explore.explore.nni.experiment import export_trials
 
         df = export_trials(path)

@@ -29,6 +29,7 @@ from typing import Any
 import pandas as pd
 
 from sparta_explore.errors import ConfigError, SpartaError
+from sparta_explore.explore.llm.prefix import CalibrationCache
 from sparta_explore.explore.llm.space import LLMPoint, search_space
 from sparta_explore.explore.llm.trial import TrialBudget, TrialLog, run_llm_trial
 from sparta_explore.explore.search.dimensions import Space
@@ -70,9 +71,10 @@ def default_anchors(space: Mapping[str, Any], bands: int) -> list[dict[str, Any]
 def llm_search(workload: Workload, *, trials: int, log: str | Path, guide: str = "latency", seed: int = 0,
                bands: int = 3, space: Mapping[str, Any] | None = None, startup: int = 8,
                anchors: list[Mapping[str, Any]] | None = None, budget: TrialBudget = TrialBudget(),
-               echo: Callable[[str], None] | None = None) -> pd.DataFrame:
+               echo: Callable[[str], None] | None = None, cache: CalibrationCache | None = None) -> pd.DataFrame:
     """`trials` points of `space` (default `search_space(bands)`) chosen by a `guide`-guided ParetoTPE; one
-    row per trial in search order (see the module docstring).
+    row per trial in search order (see the module docstring). `cache`: calibration prefixes shared between
+    trials (None: one for this search; pass one to share it with other searches).
 
     Example:
         >>> llm_search(w, trials=24, log="results/llm/trials.jsonl", guide="flops", seed=1)  # doctest: +SKIP
@@ -85,6 +87,7 @@ def llm_search(workload: Workload, *, trials: int, log: str | Path, guide: str =
     layers = len(workload.dense_model().model.layers)
     tpe = ParetoTPE(Space.from_nni(space), SearchConfig(startup=startup, seed=seed))
     trial_log = TrialLog(log)
+    cache = CalibrationCache() if cache is None else cache
     dense_ppl = None
     rows = []
     anchors = list(default_anchors(space, bands) if anchors is None else anchors)
@@ -96,7 +99,7 @@ def llm_search(workload: Workload, *, trials: int, log: str | Path, guide: str =
             if dense_ppl is None:
                 dense_ppl = workload.evaluate(workload.dense_model())
             try:
-                row = run_llm_trial(point, workload, budget, dense_perplexity=dense_ppl)
+                row = run_llm_trial(point, workload, budget, dense_perplexity=dense_ppl, cache=cache)
             except (SpartaError, RuntimeError, ValueError) as error:  # a point the compressors cannot make
                 traceback.print_exc()
                 row = failed_row(point, workload, error)

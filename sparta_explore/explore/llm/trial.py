@@ -3,7 +3,8 @@
 Stages, in order, on a copy of the workload's dense model:
 
 1. `compress_llm`: one calibration pass, each linear pruned and quantized by its group's choice;
-   the head rounded to `head_bits`;
+   the head rounded to `head_bits`; with a `CalibrationCache`, from the longest prefix of depth
+   bands an earlier trial compressed the same way (``blocks_reused`` says how many blocks);
 2. perplexity with the point's activations (`rounded_inputs` for int8: what the step computes);
 3. the compiled decode step (`CompiledDecoder`, weights packed from their grids) timed on the
    workload's first prompt: tokens/s over `new` greedy tokens, medians of `repeats` rounds taking
@@ -39,7 +40,9 @@ from torch import nn
 from sparta_explore.compile.decoder import CompiledDecoder, rounded_inputs
 from sparta_explore.errors import ConfigError
 from sparta_explore.explore.llm.compress import compress_llm
+from sparta_explore.explore.llm.prefix import CalibrationCache
 from sparta_explore.explore.llm.space import LLMPoint
+from sparta_explore.machine import this_machine
 from sparta_explore.workload import Workload
 
 
@@ -143,9 +146,10 @@ def cost_models(model: nn.Module, point: LLMPoint | None) -> dict[str, float]:
 
 
 def run_llm_trial(point: LLMPoint, workload: Workload, budget: TrialBudget = TrialBudget(), *,
-                  dense_perplexity: float | None = None) -> dict[str, Any]:
+                  dense_perplexity: float | None = None, cache: CalibrationCache | None = None) -> dict[str, Any]:
     """One trial's row (see the module docstring). `dense_perplexity`: the dense model's, scored earlier
-    (else scored here); the dense decode is timed again in every trial, so the ratio is same-run.
+    (else scored here); the dense decode is timed again in every trial, so the ratio is same-run;
+    `cache`: calibration prefixes shared with other trials.
 
     Example:
         >>> run_llm_trial(point, smollm2_tiny_workload())["latency_ratio"]  # doctest: +SKIP
@@ -153,7 +157,10 @@ def run_llm_trial(point: LLMPoint, workload: Workload, budget: TrialBudget = Tri
     started = time.perf_counter()
     dense = workload.dense_model()
     model = copy.deepcopy(dense)
-    compress_llm(model, point, workload.calibration_inputs[0], act_order=budget.act_order, mse=budget.mse)
+    reused = cache.blocks_reused if cache is not None else 0
+    compress_llm(model, point, workload.calibration_inputs[0], act_order=budget.act_order, mse=budget.mse,
+                 cache=cache)
+    reused = cache.blocks_reused - reused if cache is not None else 0
     compress_s = time.perf_counter() - started
     ppl = perplexity_of(workload, model, point.act_bits)
     prompt = workload.timing_inputs(1)[0]
@@ -167,7 +174,9 @@ def run_llm_trial(point: LLMPoint, workload: Workload, budget: TrialBudget = Tri
             "dense_decode_ms": dense_ms, "latency_ratio": timing["decode_ms"] / dense_ms, **costs,
             "flops_ratio": costs["flops_token"] / base["flops_token"],
             "bytes_ratio": costs["bytes_token"] / base["bytes_token"], "compress_s": compress_s,
-            "wall_s": time.perf_counter() - started, "threads": budget.threads or torch.get_num_threads()}
+            "blocks_reused": reused, "calibration_windows": int(workload.calibration_inputs[0].shape[0]),
+            "wall_s": time.perf_counter() - started, "threads": budget.threads or torch.get_num_threads(),
+            "machine": this_machine(budget.threads or None).key}
 
 
 class TrialLog:

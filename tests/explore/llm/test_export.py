@@ -1,0 +1,127 @@
+"""An LLM search trial exported as a decoder package: picked from the log, loaded in a fresh process, decoding."""
+
+import copy
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import torch
+
+import sparta_explore as se
+from sparta_explore.cli import main as cli_main
+from sparta_explore.compile.package.decoder_form import packed_for_decode
+from sparta_explore.errors import ConfigError
+from sparta_explore.explore.export import load_trials, pick_trial
+from sparta_explore.explore.llm.compress import compress_llm
+from sparta_explore.explore.llm.export import export_llm_trial, point_of_row, trial_id
+from sparta_explore.explore.llm.search import failed_row
+from sparta_explore.explore.llm.space import LLMPoint
+from sparta_explore.explore.llm.trial import TrialBudget, TrialLog, run_llm_trial
+from sparta_explore.kernels.decode_step import why_no_kernels
+from sparta_explore.zoo.llm.workloads import smollm2_tiny_workload
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.skipif(why_no_kernels() is not None, reason=str(why_no_kernels()))
+BUDGET = TrialBudget(new=4, repeats=1)
+PICK = {"sparsity@attn.0": 0.5, "bits@mlp.0": 4, "group@mlp.0": 32, "head_bits": 8, "act_bits": 8}
+
+
+@pytest.fixture(scope="module")
+def workload():
+    return smollm2_tiny_workload()
+
+
+@pytest.fixture(scope="module")
+def log(workload, tmp_path_factory):
+    """A log of two trials (the pick: sparse attention, 4-bit MLPs, 8-bit head, int8 acts; and the model as given)
+    and one that failed."""
+    path = tmp_path_factory.mktemp("llm") / "trials.jsonl"
+    trials = TrialLog(path)
+    for params in (PICK, {"act_bits": 32}):
+        trials.add(run_llm_trial(LLMPoint.from_dict(params, layers=2, bands=1), workload, BUDGET))
+    broken = LLMPoint.from_dict({"bits@attn.0": 3}, layers=2, bands=1)
+    trials.add(failed_row(broken, workload, ValueError("no grid")))
+    return path
+
+
+def test_the_cli_exports_a_logged_trial_and_a_fresh_process_reproduces_it(log, workload, tmp_path, capsys):
+    key = LLMPoint.from_dict(PICK, layers=2, bands=1).key()
+    out = tmp_path / "pick.sparta"
+    args = ["export", str(log), "--trial", trial_id(key), "--out", str(out), "--calibration-windows", "4"]
+    assert cli_main(args) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {out}" in printed and "perplexity" in printed
+    row = TrialLog(log).rows[key]
+    script = f"""
+import json, torch, sparta_explore as se
+from sparta_explore.zoo.llm.workloads import smollm2_tiny_workload
+model = se.load({str(out)!r})
+settings = model.sparta_decode
+w = smollm2_tiny_workload()
+with rounded_inputs(model):
+    ppl = w.evaluate(model)
+ids = w.timing_inputs(1)[0][:1, :24]
+step, modules = se.generate(model, ids, 16), se.generate(model, ids, 16, compiled=False)
+print(json.dumps({{"ppl": ppl, "act_bits": settings.act_bits, "same": bool(torch.equal(step, modules)),
+                  "meta": settings.loaded["manifest"]["metadata"], "tokens": step.tolist()}}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["act_bits"] == 8 and got["same"]  # the step's tokens are the rounded model's
+    meta = got["meta"]
+    assert meta["trial"]["point_key"] == key and meta["trial"]["point"]["bits@mlp.0"] == 4
+    assert got["ppl"] == pytest.approx(meta["export"]["perplexity"], rel=1e-6)  # what was measured is what loads
+    assert got["ppl"] == pytest.approx(row["perplexity"], rel=1e-3)  # and it is the row's perplexity
+    # the package holds what the trial compressed: the same model, its weights as the step reads them
+    model = copy.deepcopy(workload.dense_model())
+    compress_llm(model, point_of_row(row, layers=2), workload.calibration_inputs[0])
+    packed = packed_for_decode(model)
+    assert {p.fmt for n, p in packed.items() if "mlp" in n} == {"u4"} and packed["lm_head"].fmt == "u8"
+    ids = torch.tensor(got["tokens"])[:, :24]
+    assert torch.equal(se.generate(model, ids, 16, act_bits=8), torch.tensor(got["tokens"]))
+
+
+def test_the_package_is_smaller_than_the_float_model_and_loads_into_a_given_model(workload, tmp_path):
+    model = copy.deepcopy(workload.dense_model())
+    point = LLMPoint.from_dict({"bits@mlp.0": 4, "bits@attn.0": 8, "head_bits": 8}, layers=2, bands=1)
+    compress_llm(model, point, workload.calibration_inputs[0])
+    path = se.save(model, tmp_path / "q.sparta", act_bits=32)
+    float_path = se.save(copy.deepcopy(workload.dense_model()), tmp_path / "f.sparta")
+    assert path.stat().st_size < 0.5 * float_path.stat().st_size
+    fresh = smollm2_tiny_workload().dense_model().__class__(model.config)
+    loaded = se.load(path, model=fresh)
+    assert loaded is fresh and loaded.sparta_decode.act_bits == 32
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()  # still tied
+    ids = workload.timing_inputs(1)[0][:1, :16]
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_a_package_refuses_another_architecture_and_save_refuses_what_it_cannot_hold(workload, tmp_path):
+    from sparta_explore.errors import PackageError
+    from sparta_explore.zoo.llm.workloads import tiny_llama
+
+    path = se.save(workload.dense_model(), tmp_path / "m.sparta")
+    with pytest.raises(PackageError, match="decoder"):
+        se.load(path, model=tiny_llama(layers=3))
+    with pytest.raises(PackageError, match="act_bits"):
+        se.save(workload.dense_model(), tmp_path / "x.sparta", act_bits=4)
+    with pytest.raises(PackageError, match="Llama-pattern"):
+        se.save(torch.nn.Linear(2, 2), tmp_path / "y.sparta")
+
+
+def test_pick_reads_a_trial_log_and_a_failed_trial_is_not_exported(log, workload, tmp_path):
+    trials = load_trials(log)
+    assert len(trials) == 3
+    fastest_under = pick_trial(trials, best=True, min_accuracy=1e9)  # a perplexity ceiling: every finished trial
+    assert fastest_under["latency_ms"] == pd.to_numeric(trials["latency_ms"]).min()
+    failed = trials[trials["error"].notna()].iloc[0]
+    with pytest.raises(ConfigError, match="did not finish"):
+        export_llm_trial(failed.to_dict(), tmp_path / "f.sparta", workload)
+    with pytest.raises(ConfigError, match="not an LLM search row"):
+        point_of_row({"key": "k", "bits@mlp.0": 4}, layers=2)
+    with pytest.raises(ConfigError, match="no such LLM trial log"):
+        load_trials(tmp_path / "missing.jsonl")
