@@ -34,6 +34,7 @@ from llm import peer_rows  # this script's folder is on sys.path
 from llm_ours import log
 from llm_peer import QUANT_TYPES
 
+from sparta_explore.compile.package.decoder_form import packed_for_decode
 from sparta_explore.explore.llm.compress import compress_llm
 from sparta_explore.explore.llm.prefix import CalibrationCache
 from sparta_explore.explore.llm.search import GUIDES, llm_search
@@ -88,6 +89,7 @@ def rescore(params: dict[str, Any], final: Any, calib: torch.Tensor, budget: Tri
     point = LLMPoint.from_dict(params, layers=len(final.dense_model().model.layers), bands=bands)
     model = copy.deepcopy(final.dense_model())
     compress_llm(model, point, calib, act_order=budget.act_order, mse=budget.mse, cache=cache)
+    packed_for_decode(model)  # scored as the step reads it
     timing = decode_timing(model, final.timing_inputs(1)[0], point.act_bits, budget)
     return {"perplexity": perplexity_of(final, model, point.act_bits), **timing}
 

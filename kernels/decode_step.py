@@ -22,11 +22,12 @@ import torch
 
 from sparta_explore.kernels.build import BuiltLibrary, build, cpu_flags
 from sparta_explore.kernels.c_templates import c_text
-from sparta_explore.kernels.packed_weights import PackedWeight
+from sparta_explore.kernels.packed_weights import PackedWeight, converts_halves
 
 MAX_BATCH = 8  # sequences (rows) one call decodes; the C file's MAX_BATCH
 RUN = 32  # columns per int8 activation grid; the C file's QBLOCK
 FMT_CODES = {"f32": 0, "u8": 1, "u4": 2}
+HALF_CODES = {"u8": 4, "u4": 3}  # the same layouts with float16 grids (decode_rows.c's U8H, U4H)
 NEEDS = ("avx2", "fma")
 _ptr = ctypes.c_void_p
 
@@ -88,11 +89,18 @@ def mat_of(packed: PackedWeight, bias: torch.Tensor | None = None) -> tuple[Mat,
     """
     bias = None if bias is None else bias.detach().float().contiguous()
     f32 = packed.fmt == "f32"
-    # u8 codes are stored as code - 128: the offset takes the 128 back
-    offset = None if f32 else packed.offset + 128 * packed.scale if packed.fmt == "u8" else packed.offset
-    grid = None if f32 else torch.cat([packed.scale, offset], dim=1).contiguous()  # a row's scales, then offsets
+    grid, code = None, FMT_CODES[packed.fmt]
+    if not f32:
+        scale, offset = packed.scale.float(), packed.offset.float()
+        if packed.fmt == "u8":  # u8 codes are stored as code - 128: the offset takes the 128 back
+            offset = offset + 128 * scale
+        grid = torch.cat([scale, offset], dim=1).contiguous()  # a row's scales, then offsets
+        half = grid.half()
+        # float16 where the grids are (and the 128 moved into the offset kept them so) and the CPU converts
+        if packed.half_grids and converts_halves() and torch.equal(half.float(), grid):
+            grid, code = half, HALF_CODES[packed.fmt]
     keep = tuple(t for t in (packed.data, grid, bias) if t is not None)
-    mat = Mat(FMT_CODES[packed.fmt], packed.n, packed.k, packed.group, _address(packed.data) if f32 else None,
+    mat = Mat(code, packed.n, packed.k, packed.group, _address(packed.data) if f32 else None,
               None if f32 else _address(packed.data), _address(grid), _address(bias))
     return mat, keep
 

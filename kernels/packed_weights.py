@@ -15,7 +15,12 @@ Layouts the decode kernels read (`templates/decode_step.c`):
 * `u4`: 32 bytes a run of 64 columns, byte j holding column j (low nibble) and j + 32 (high),
   so a mask and a shift give 32 consecutive columns' codes in order.
 
-Both keep a (scale, offset) pair per group of a multiple of 32 columns (or one per row).
+Both keep a (scale, offset) pair per group of a multiple of 32 columns (or one per row), in
+float16 where every value still lands within `TOLERANCE` of the weight (a GGUF's Q4_1 and Q8_0
+blocks: their scales are float16 to begin with) and the CPU converts halves (F16C), else in
+float32. An 8-bit symmetric grid (Q8_0) is first re-centred so code 128 is zero: its offset,
+-128 x scale, is then a float16 as exact as the scale. The grids of a 4-bit g32 weight are a
+third of its bytes in float32, a fifth in float16.
 
 Example:
     >>> w = torch.tensor([[0.0, 0.5, 1.0, 1.5] * 8])
@@ -26,9 +31,12 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
+
+from sparta_explore.kernels.build import cpu_flags
 
 FORMATS = ("f32", "u8", "u4")
 WIDTH = {"u8": 8, "u4": 4}  # bits a code takes in its word
@@ -41,7 +49,7 @@ TOLERANCE = 1e-4  # of a group's largest magnitude: fp32 rounding of scale * (q 
 @dataclass(frozen=True)
 class PackedWeight:
     """One (n, k) weight in a decode layout: `fmt` in FORMATS, `bits` (32 for f32), `group` columns per
-    (scale, offset); `data` is the f32 rows or the codes, `scale` / `offset` (n, groups)."""
+    (scale, offset); `data` is the f32 rows or the codes, `scale` / `offset` (n, groups), float32 or float16."""
 
     fmt: str
     n: int
@@ -60,8 +68,13 @@ class PackedWeight:
     @property
     def nbytes(self) -> int:
         """Bytes a step reads for this weight: codes or values, plus scales and offsets."""
-        extra = 0 if self.scale is None else 2 * self.scale.numel() * 4
+        extra = 0 if self.scale is None else 2 * self.scale.numel() * self.scale.element_size()
         return self.data.numel() * self.data.element_size() + extra
+
+    @property
+    def half_grids(self) -> bool:
+        """Whether the scales and offsets are float16."""
+        return self.scale is not None and self.scale.dtype == torch.float16
 
     def codes(self) -> torch.Tensor:
         """The integer codes (n, k) as uint8 (0 .. 2^bits - 1), unpacked from the layout; an f32 weight has none."""
@@ -82,7 +95,7 @@ class PackedWeight:
         if self.fmt == "f32":
             return self.data
         per_column = torch.arange(self.k) // self.group
-        return self.scale[:, per_column] * self.codes().float() + self.offset[:, per_column]
+        return self.scale.float()[:, per_column] * self.codes().float() + self.offset.float()[:, per_column]
 
 
 def _group_view(w: torch.Tensor, group: int) -> torch.Tensor:
@@ -139,6 +152,51 @@ def recover_grid(w: torch.Tensor, bits: int, group: int) -> tuple[torch.Tensor, 
     return codes, torch.where(flat, torch.zeros_like(best_scale), best_scale).contiguous(), low.contiguous()
 
 
+@functools.cache
+def converts_halves() -> bool:
+    """Whether this CPU converts float16 grids in registers (F16C; every AVX2 + FMA CPU has it).
+
+    Example:
+        >>> isinstance(converts_halves(), bool)
+        True
+    """
+    return "f16c" in cpu_flags()
+
+
+def _recentred(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int, group: int
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An 8-bit grid whose zero is a level (offset = -z x scale) moved, group by group, so code 128 is zero; a
+    group of zeros (scale 0) reads 128 too; any other group stays as it was."""
+    if bits != 8:
+        return codes, scale, offset
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    zero = torch.round(-offset / safe)  # the code that is 0.0
+    per_column = torch.arange(codes.shape[1]) // group
+    moved = codes.to(torch.int16) + (128 - zero).to(torch.int16)[:, per_column]
+    lowest = torch.full_like(scale, 256.0).scatter_reduce(1, per_column.expand_as(moved), moved.float(), "amin")
+    highest = torch.full_like(scale, -1.0).scatter_reduce(1, per_column.expand_as(moved), moved.float(), "amax")
+    ok = (scale > 0) & ((offset + zero * scale).abs() <= TOLERANCE * scale) & (lowest >= 0) & (highest <= 255)
+    zeros = (scale == 0) & (offset == 0)
+    new_codes = torch.where(ok[:, per_column], moved, torch.where(zeros[:, per_column], 128, codes.to(torch.int16)))
+    return new_codes.to(torch.uint8), scale, torch.where(ok | zeros, -128 * scale, offset)
+
+
+def _half_grids(w: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, group: int
+                ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(scale, offset) as float16 when every value of `w` stays within `TOLERANCE` of its group's largest
+    magnitude with them (as `recover_grid` asks of the float32 ones), else None."""
+    s16, o16 = scale.half(), offset.half()
+    if not (torch.isfinite(s16).all() and torch.isfinite(o16).all()):
+        return None
+    n, k = w.shape
+    per_column = torch.arange(k) // group
+    values = s16.float()[:, per_column] * codes.float() + o16.float()[:, per_column]
+    g = _group_view(w.float(), group)
+    limit = TOLERANCE * g.abs().amax(dim=2).clamp_min(torch.finfo(torch.float32).tiny)
+    error = _group_view((values - w).abs(), group).amax(dim=2)
+    return (s16.contiguous(), o16.contiguous()) if bool((error <= limit).all()) else None
+
+
 def _pack(codes: torch.Tensor, fmt: str) -> torch.Tensor:
     """(n, k) codes in `fmt`'s layout (module docstring)."""
     n, k = codes.shape
@@ -155,9 +213,11 @@ def _layout(bits: int, k: int, group: int) -> str | None:
     return None
 
 
-def pack_weight(w: torch.Tensor, bits: int | None = None, group: int | None = None) -> PackedWeight:
+def pack_weight(w: torch.Tensor, bits: int | None = None, group: int | None = None, half: bool | None = None
+                ) -> PackedWeight:
     """`w` (n, k) in the narrowest layout its values fit: given `bits` / `group` (None: per row), or the
-    first of `TRIES` whose grids hold every value; else f32. `bits=32` keeps it f32.
+    first of `TRIES` whose grids hold every value; else f32. `bits=32` keeps it f32. `half`: float16 grids
+    where they fit (None: where this CPU converts them, `converts_halves`; False: never).
 
     Example:
         >>> pack_weight(torch.randn(4, 64)).fmt
@@ -174,7 +234,8 @@ def pack_weight(w: torch.Tensor, bits: int | None = None, group: int | None = No
         grid = recover_grid(w, b, g)
         if grid is None:
             continue
-        codes, scale, offset = grid
-        data = _pack(codes, fmt)
-        return PackedWeight(fmt, n, k, b, g, data, scale, offset)
+        codes, scale, offset = _recentred(*grid, b, g)
+        if half if half is not None else converts_halves():
+            scale, offset = _half_grids(w, codes, scale, offset, g) or (scale, offset)
+        return PackedWeight(fmt, n, k, b, g, _pack(codes, fmt), scale, offset)
     return PackedWeight("f32", n, k, 32, k, w)

@@ -8,7 +8,8 @@
  * Weight formats (Mat.fmt): F32 rows as they are; U8 and U4 integer codes with a (scale, offset)
  * pair per `group` columns (a multiple of 32) of a row, w = scale * code + offset:
  *   U8: one signed byte a column, code - 128 (the offset absorbs the 128), rows of k % 32 == 0;
- *   U4: 32 bytes a run of 64 columns, byte j holding column j (low nibble) and j + 32 (high).
+ *   U4: 32 bytes a run of 64 columns, byte j holding column j (low nibble) and j + 32 (high);
+ *   U8H, U4H: the same codes, their grids in float16 (F16C widens a row's grids as it starts).
  *
  * Activations (Model.act_q; gemv's run): float32: quantized weights are widened in registers,
  * and the step computes the model's weights times its activations up to summation order. Int8:
@@ -29,6 +30,8 @@
 #define F32 0
 #define U8 1
 #define U4 2
+#define U4H 3
+#define U8H 4
 #define MAX_BATCH 8
 #define CHUNK 4 /* activation rows per pass over a weight row (the row stays in L1 between passes) */
 #define QBLOCK 32 /* activation columns per int8 grid */
@@ -38,7 +41,7 @@ typedef struct {
     int32_t fmt, n, k, group;
     const float *w;
     const uint8_t *codes;
-    const float *grid; /* U8 / U4: per row its groups' scales, then their offsets (one stream) */
+    const void *grid; /* U8 / U4: per row its groups' scales, then their offsets (one stream); H: float16 */
     const float *bias;
 } Mat;
 
@@ -67,6 +70,35 @@ typedef struct {
     const int8_t *q;
     const float *d, *xs;
 } Act;
+
+/* float16 grid values widened: F16C where the build has it, else bit by bit (the Python side keeps float32
+   grids on CPUs without F16C, so that path is for completeness) */
+#ifdef __F16C__
+INLINE float half_at(const uint16_t *h, long i) { return _cvtsh_ss(h[i]); }
+INLINE __m256 half_8(const uint16_t *h, long i) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))); }
+#else
+INLINE float half_at(const uint16_t *h, long i) {
+    const uint32_t x = h[i], e = (x >> 10) & 31, f = x & 1023;
+    const float v = e == 0 ? ldexpf((float)f, -24) : e == 31 ? (f ? NAN : INFINITY) : ldexpf((float)(f | 1024), (int)e - 25);
+    return x & 0x8000u ? -v : v;
+}
+INLINE __m256 half_8(const uint16_t *h, long i) {
+    float v[8];
+    for (int t = 0; t < 8; ++t) v[t] = half_at(h, i + t);
+    return _mm256_loadu_ps(v);
+}
+#endif
+
+/* Row n's grids (its groups' scales, then offsets) as float32: the stream itself, or for the H formats its
+   float16 values widened into `tmp` (2 x groups floats) once, before the row's products read them. */
+INLINE const float *row_grids(const Mat *m, int n, int groups, float *tmp) {
+    if (m->fmt != U8H && m->fmt != U4H) return (const float *)m->grid + (long)n * groups * 2;
+    const uint16_t *h = (const uint16_t *)m->grid + (long)n * groups * 2;
+    int i = 0;
+    for (; i + 8 <= 2 * groups; i += 8) _mm256_storeu_ps(tmp + i, half_8(h, i));
+    for (; i < 2 * groups; ++i) tmp[i] = half_at(h, i);
+    return tmp;
+}
 
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -117,7 +149,8 @@ INLINE void row_f32(const float *w, int k, const float *x, int ldx, int nb, floa
 INLINE void row_u8_f32(const Mat *m, int n, const float *x, int ldx, int nb, float *out) {
     const int8_t *c = (const int8_t *)m->codes + (long)n * m->k;
     const int groups = (m->k + m->group - 1) / m->group;
-    const float *scales = m->grid + (long)n * groups * 2, *offs = scales + groups;
+    float tmp[2 * groups];
+    const float *scales = row_grids(m, n, groups, tmp), *offs = scales + groups;
     __m256 acc[CHUNK][8];
     ZERO_ACC(acc)
     for (int j0 = 0, left = 0, g = -1; j0 < m->k; j0 += 32) {
@@ -139,7 +172,8 @@ INLINE void row_u8_f32(const Mat *m, int n, const float *x, int ldx, int nb, flo
 INLINE void row_u4_f32(const Mat *m, int n, const float *x, int ldx, int nb, float *out, const int PER) {
     const uint8_t *c = m->codes + (long)n * (m->k / 2);
     const int groups = (m->k + m->group - 1) / m->group;
-    const float *scales = m->grid + (long)n * groups * 2, *offs = scales + groups;
+    float tmp[2 * groups];
+    const float *scales = row_grids(m, n, groups, tmp), *offs = scales + groups;
     const int per = PER ? PER : m->group / 32; /* 32-column runs a group spans */
     const __m256i low = _mm256_set1_epi32(15);
     __m256 acc[CHUNK][8];
@@ -197,7 +231,8 @@ INLINE __m256 run_dot(__m256i codes, __m256i q, const int is_signed) {
 #define ROW_Q_LOCALS                                                                                           \
     const int runs = m->k / 32, per = PER ? PER : m->group / 32, groups = (m->k + m->group - 1) / m->group;  \
     const int ld = a->ldx / QBLOCK;                                                                            \
-    const float *scales = m->grid + (long)n * groups * 2, *offs = scales + groups;                            \
+    float tmp[2 * groups];                                                                                     \
+    const float *scales = row_grids(m, n, groups, tmp), *offs = scales + groups;                               \
     const uint8_t *c = m->codes + (long)n * (bits == 4 ? m->k / 2 : m->k);                                      \
     const __m256i low = _mm256_set1_epi8(15);
 
@@ -326,13 +361,14 @@ static void mat_row(const Mat *m, int n, const Act *a, int b0, int nb, float *ou
     const float *x = a->x + (long)b0 * a->ldx;
     const int ldx = a->ldx;
     if (m->fmt == F32) { BY_ROWS(F32_ROW) return; }
+    const int bytes = m->fmt == U8 || m->fmt == U8H; /* else U4 or U4H */
     if (a->q == NULL) {
-        if (m->fmt == U8) { BY_ROWS(U8_ROW) } else { BY_ROWS(U4_ROW) }
+        if (bytes) { BY_ROWS(U8_ROW) } else { BY_ROWS(U4_ROW) }
         return;
     }
     const int runs = ldx / QBLOCK, per = m->group / 32;
     const Act sub = {x, ldx, a->q + (long)b0 * ldx, a->d + (long)b0 * runs, a->xs + (long)b0 * runs};
-    if (m->fmt == U8) { BY_ROWS(U8_I8_ROW) } else { BY_ROWS(U4_I8_ROW) }
+    if (bytes) { BY_ROWS(U8_I8_ROW) } else { BY_ROWS(U4_I8_ROW) }
 }
 
 /* y (B, ldy) = x W^T + bias, or y += that when `add`; call inside a parallel region. */

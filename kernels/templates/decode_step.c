@@ -4,10 +4,11 @@
 static void weight_row(const Mat *m, int n, float *out) {
     if (m->fmt == F32) { memcpy(out, m->w + (long)n * m->k, sizeof(float) * m->k); return; }
     const int groups = (m->k + m->group - 1) / m->group;
-    const float *scales = m->grid + (long)n * groups * 2, *offs = scales + groups;
+    float tmp[2 * groups];
+    const float *scales = row_grids(m, n, groups, tmp), *offs = scales + groups;
     for (int j = 0; j < m->k; ++j) {
         int code;
-        if (m->fmt == U8) code = ((const int8_t *)m->codes)[(long)n * m->k + j];
+        if (m->fmt == U8 || m->fmt == U8H) code = ((const int8_t *)m->codes)[(long)n * m->k + j];
         else {
             const uint8_t byte = m->codes[(long)n * (m->k / 2) + (j / 64) * 32 + j % 32];
             code = j % 64 < 32 ? byte & 15 : byte >> 4;

@@ -9,8 +9,10 @@ import torch
 from sparta_explore.fake_quant import fake_quantize_rows, fake_quantize_runs
 from sparta_explore.kernels.c_templates import c_text
 from sparta_explore.kernels.decode_step import MAX_BATCH, gemv, why_no_kernels
-from sparta_explore.kernels.packed_weights import pack_weight
+from sparta_explore.kernels.packed_weights import converts_halves, pack_weight
 from sparta_explore.oneshot.grid import QuantSpec, round_to_grids
+
+from .gguf_weights import gguf_like
 
 pytestmark = pytest.mark.skipif(why_no_kernels() is not None, reason=str(why_no_kernels()))
 
@@ -41,6 +43,24 @@ def test_each_layout_multiplies_like_its_dequantized_weight(bits, group, n, k, f
         assert _close(gemv(packed, x, bias, act_bits=8), fake_quantize_runs(x) @ w.T + bias)
         # one grid a row at fewer bits: what the int8 sparse kernels do to their input
         assert _close(gemv(packed, x, act_bits=6, run=k), fake_quantize_rows(x, 6) @ w.T)
+
+
+@pytest.mark.skipif(not converts_halves(), reason="float16 grids need F16C")
+@pytest.mark.parametrize("group, symmetric, fmt", [(32, False, "u4"), (64, False, "u4"), (128, False, "u4"),
+                                                   (32, True, "u8"), (128, True, "u8"), (64, True, "u8")])
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_float16_grids_multiply_like_their_weight(group, symmetric, fmt, rows):
+    w = gguf_like(19, 576, group, symmetric, seed=group + rows)
+    w[4] = 0.0  # a row with no weights
+    packed = pack_weight(w)
+    assert packed.fmt == fmt and packed.half_grids
+    gen = torch.Generator().manual_seed(rows)
+    x, bias = torch.randn(rows, 576, generator=gen), torch.randn(19, generator=gen)
+    assert _close(gemv(packed, x, bias), x @ w.T + bias)
+    assert _close(gemv(packed, x, bias, act_bits=8), fake_quantize_runs(x) @ w.T + bias)
+    assert _close(gemv(packed, x, act_bits=6, run=576), fake_quantize_rows(x, 6) @ w.T)
+    as_float = pack_weight(w, half=False)  # the same products from float32 grids
+    assert _close(gemv(packed, x, act_bits=8), gemv(as_float, x, act_bits=8))
 
 
 def test_int8_runs_hold_outliers_and_all_zero_runs():

@@ -7,6 +7,8 @@ from sparta_explore.fake_quant import fake_quantize_rows
 from sparta_explore.kernels.packed_weights import pack_weight, recover_grid
 from sparta_explore.oneshot.grid import QuantSpec, round_to_grids
 
+from .gguf_weights import gguf_like
+
 
 def on_grids(w: torch.Tensor, bits: int, group: int | None) -> torch.Tensor:
     """`w` on min-max grids of `group` columns (None: a row), as GPTQ leaves it."""
@@ -55,3 +57,24 @@ def test_recover_grid_names_the_step_and_offset():
 def test_bytes_count_codes_and_grids():
     packed = pack_weight(on_grids(torch.randn(4, 128), 4, 32))
     assert packed.nbytes == 4 * 128 // 2 + 4 * 4 * 2 * 4  # half a byte a code, scale and offset per group
+
+
+
+@pytest.mark.parametrize("symmetric, fmt", [(False, "u4"), (True, "u8")])
+def test_gguf_grids_pack_as_float16_and_mean_the_same_values(symmetric, fmt, monkeypatch):
+    w = gguf_like(16, 128, 32, symmetric)
+    packed = pack_weight(w, half=True)
+    assert packed.fmt == fmt and packed.half_grids
+    assert torch.equal(packed.dequantize(), w)  # float16 grids hold GGUF's values exactly
+    if symmetric:  # re-centred: code 128 is zero, so the offset is -128 x scale, a float16 as exact as the scale
+        assert torch.equal(packed.offset.float(), -128 * packed.scale.float())
+    as_float = pack_weight(w, half=False)
+    assert not as_float.half_grids and torch.equal(as_float.codes(), packed.codes())
+    assert as_float.nbytes - packed.nbytes == 2 * packed.scale.numel() * 2  # two bytes less a scale and offset
+
+
+def test_grids_float16_cannot_hold_stay_float32():
+    w = on_grids(torch.randn(8, 128, generator=torch.Generator().manual_seed(3)), 4, 32)  # GPTQ-like float32 grids
+    packed = pack_weight(w, half=True)
+    assert packed.fmt == "u4" and not packed.half_grids
+    assert torch.allclose(packed.dequantize(), w, rtol=0, atol=1e-6 * float(w.abs().max()))

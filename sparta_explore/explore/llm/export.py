@@ -146,7 +146,9 @@ def _differences(row: Mapping[str, Any], perplexity: float, ratio: float, machin
     if not abs(perplexity - row_ppl) <= PERPLEXITY_TOLERANCE * row_ppl:
         why = ("another machine's float rounding in the calibration pass" if elsewhere else
                "other evaluation or calibration windows than the search's (--eval-windows / --calibration-windows), "
-               "or the calibration pass rounding differently at another thread count")
+               "the calibration pass rounding differently at another thread count, or a row that scored the "
+               "compressed model's own values, not the step's packed ones (within 1e-4 of them; int8 activations "
+               "can amplify that)")
         said.append(f"perplexity {perplexity:.4f}, the row {row_ppl:.4f}: {why}")
     if not (row_ratio / SPEED_CLASS <= ratio <= row_ratio * SPEED_CLASS):
         said.append(f"decode at {ratio:.3f} x the model as given, the row {row_ratio:.3f}: "
@@ -180,7 +182,7 @@ def export_llm_trial(row: Mapping[str, Any], out: str | os.PathLike, workload: W
     say("scoring perplexity and timing decode beside the model as given")
     perplexity = perplexity_of(workload, model, point.act_bits)
     prompt = workload.timing_inputs(1)[0][:1]
-    timing, dense_timing = paired_timing([(model, point.act_bits), (dense, 32)], prompt, budget)
+    timing, dense_timing = paired_timing([(model, point.act_bits, packed), (dense, 32)], prompt, budget)
     ratio = timing["decode_ms"] / dense_timing["decode_ms"]
     machine = this_machine(budget.threads or None).key
     differences = tuple(_differences(row, perplexity, ratio, machine))

@@ -5,7 +5,8 @@ Stages, in order, on a copy of the workload's dense model:
 1. `compress_llm`: one calibration pass, each linear pruned and quantized by its group's choice;
    the head rounded to `head_bits`; with a `CalibrationCache`, from the longest prefix of depth
    bands an earlier trial compressed the same way (``blocks_reused`` says how many blocks);
-2. perplexity with the point's activations (`rounded_inputs` for int8: what the step computes);
+2. perplexity with the point's weights as the step reads them (`packed_for_decode`) and its
+   activations (`rounded_inputs` for int8): what the step computes;
 3. the compiled decode step (`CompiledDecoder`, weights packed from their grids) timed on the
    workload's first prompt: tokens/s over `new` greedy tokens, medians of `repeats` rounds taking
    turns with the dense model (as given), so ``latency_ratio`` = trial over dense decode
@@ -38,6 +39,7 @@ import torch
 from torch import nn
 
 from sparta_explore.compile.decoder import CompiledDecoder, rounded_inputs
+from sparta_explore.compile.package.decoder_form import packed_for_decode
 from sparta_explore.errors import ConfigError
 from sparta_explore.explore.llm.compress import compress_llm
 from sparta_explore.explore.llm.prefix import CalibrationCache
@@ -78,9 +80,9 @@ def perplexity_of(workload: Workload, model: nn.Module, act_bits: int) -> float:
 PREFILLS = 2  # timed prefills a model (after one untimed): the prompt runs through the model's own modules
 
 
-def paired_timing(models: list[tuple[nn.Module, int]], prompt: torch.Tensor, budget: TrialBudget
-                  ) -> list[dict[str, float]]:
-    """Per (model, act_bits): decode tokens/s, ms a token, prefill ms and the weight MB a token reads.
+def paired_timing(models: list[tuple], prompt: torch.Tensor, budget: TrialBudget) -> list[dict[str, float]]:
+    """Per (model, act_bits[, packed weights]): decode tokens/s, ms a token, prefill ms and the weight MB a token
+    reads.
 
     Each model's step decodes `budget.new` tokens after the prompt, `budget.repeats` rounds (one
     untimed first), the models taking turns round by round: a slow spell of the machine lands on
@@ -92,8 +94,9 @@ def paired_timing(models: list[tuple[nn.Module, int]], prompt: torch.Tensor, bud
     prompt = prompt[:1]
     start = prompt.shape[1]
     runs = []
-    for model, act_bits in models:
-        decoder = CompiledDecoder(model, start + budget.new + 1, threads=budget.threads, act_bits=act_bits)
+    for model, act_bits, *packed in models:
+        decoder = CompiledDecoder(model, start + budget.new + 1, threads=budget.threads, act_bits=act_bits,
+                                  packed=packed[0] if packed else None)
         decoder.reset(1)
         prefills = []
         for _ in range(PREFILLS + 1):
@@ -161,10 +164,11 @@ def run_llm_trial(point: LLMPoint, workload: Workload, budget: TrialBudget = Tri
     compress_llm(model, point, workload.calibration_inputs[0], act_order=budget.act_order, mse=budget.mse,
                  cache=cache)
     reused = cache.blocks_reused - reused if cache is not None else 0
+    packed = packed_for_decode(model)  # what the step reads is what is scored
     compress_s = time.perf_counter() - started
     ppl = perplexity_of(workload, model, point.act_bits)
     prompt = workload.timing_inputs(1)[0]
-    timing, dense_timing = paired_timing([(model, point.act_bits), (dense, 32)], prompt, budget)
+    timing, dense_timing = paired_timing([(model, point.act_bits, packed), (dense, 32)], prompt, budget)
     dense_ms = dense_timing["decode_ms"]
     base_ppl = workload.evaluate(dense) if dense_perplexity is None else float(dense_perplexity)
     costs, base = cost_models(model, point), cost_models(dense, None)

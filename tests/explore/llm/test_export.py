@@ -56,6 +56,7 @@ def test_the_cli_exports_a_logged_trial_and_a_fresh_process_reproduces_it(log, w
     row = TrialLog(log).rows[key]
     script = f"""
 import json, torch, sparta_explore as se
+from sparta_explore.compile.decoder import rounded_inputs
 from sparta_explore.zoo.llm.workloads import smollm2_tiny_workload
 model = se.load({str(out)!r})
 settings = model.sparta_decode

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from sparta_explore.compile.decoder import rounded_inputs
+from sparta_explore.compile.package.decoder_form import packed_for_decode
 from sparta_explore.errors import ConfigError
 from sparta_explore.explore.llm import search as search_module
 from sparta_explore.explore.llm.compress import compress_llm
@@ -33,6 +34,7 @@ def test_a_trial_scores_the_compressed_model_and_times_its_decode(workload):
     row = run_llm_trial(point, workload, BUDGET)
     model = copy.deepcopy(workload.dense_model())
     compress_llm(model, point, workload.calibration_inputs[0])  # deterministic: the trial's model again
+    packed_for_decode(model)  # its weights as the step reads them
     with rounded_inputs(model):
         assert row["perplexity"] == pytest.approx(workload.evaluate(model), rel=1e-6)
     assert row["dense_accuracy"] == pytest.approx(workload.evaluate(workload.dense_model()))
