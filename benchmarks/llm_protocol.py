@@ -22,18 +22,15 @@ and a plot of each seed's fronts (`--out`).
 from __future__ import annotations
 
 import argparse
-import warnings
 from pathlib import Path
 
 import pandas as pd
-import torch
 from llm_ours import log  # this script's folder is on sys.path
+from llm_search import search_arguments, search_setup
 
 from sparta_explore.explore.llm.judge import front_hypervolume, guided_front, speedup_at_equal_perplexity
 from sparta_explore.explore.llm.prefix import CalibrationCache
 from sparta_explore.explore.llm.search import GUIDES, llm_search
-from sparta_explore.explore.llm.trial import TrialBudget
-from sparta_explore.zoo.llm import smollm2_workload
 
 SHOWN = ["search", "seed", "trial", "perplexity", "latency_ratio", "flops_ratio", "bytes_ratio", "decode_tok_s",
          "blocks_reused", "wall_s"]
@@ -70,12 +67,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--startup", type=int, default=6, help="random points after the anchors (shared by a seed)")
     p.add_argument("--guides", nargs="+", choices=list(GUIDES), default=["latency", "flops"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--bands", type=int, default=3)
-    p.add_argument("--eval-windows", type=int, default=4)
-    p.add_argument("--calib-windows", type=int, default=8)
-    p.add_argument("--new", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--threads", type=int, default=2)
+    search_arguments(p)
     p.add_argument("--tolerance", type=float, default=0.02, help="perplexity tolerance of 'equal perplexity'")
     p.add_argument("--log", type=Path, default=Path("results/llm/protocol.jsonl"))
     p.add_argument("--out", type=Path, default=Path("results/llm/protocol"), help="CSV and PNG path (no suffix)")
@@ -84,10 +76,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    torch.set_num_threads(args.threads)
-    warnings.simplefilter("ignore")
-    budget = TrialBudget(new=args.new, repeats=args.repeats, threads=args.threads)
-    workload = smollm2_workload(eval_windows=args.eval_windows, calibration_windows=args.calib_windows)
+    budget, workload = search_setup(args)
     cache, runs = CalibrationCache(), []
     for seed in args.seeds:  # seed by seed: a stopped run leaves whole seeds
         for guide in args.guides:

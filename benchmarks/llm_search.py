@@ -120,18 +120,31 @@ def plot(trials: pd.DataFrame, fronts: pd.DataFrame, ladder: pd.DataFrame, dense
     fig.savefig(path, dpi=120)
 
 
+def search_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments every SmolLM2 search script takes: bands, windows, the decode timing, threads."""
+    p.add_argument("--bands", type=int, default=3)
+    p.add_argument("--eval-windows", type=int, default=4)
+    p.add_argument("--calib-windows", type=int, default=8)
+    p.add_argument("--new", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--threads", type=int, default=2)
+
+
+def search_setup(args: argparse.Namespace) -> tuple[TrialBudget, Any]:
+    """Threads set, warnings off; the trial budget and the search's workload from `search_arguments`."""
+    torch.set_num_threads(args.threads)
+    warnings.simplefilter("ignore")
+    budget = TrialBudget(new=args.new, repeats=args.repeats, threads=args.threads)
+    return budget, smollm2_workload(eval_windows=args.eval_windows, calibration_windows=args.calib_windows)
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=24)
     p.add_argument("--guides", nargs="+", choices=list(GUIDES), default=["latency"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
-    p.add_argument("--bands", type=int, default=3)
-    p.add_argument("--eval-windows", type=int, default=4)
-    p.add_argument("--calib-windows", type=int, default=8)
+    search_arguments(p)
     p.add_argument("--final-windows", type=int, default=16)
-    p.add_argument("--new", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--threads", type=int, default=2)
     p.add_argument("--log", type=Path, default=Path("results/llm/trials.jsonl"))
     p.add_argument("--out", type=Path, default=Path("results/llm/search"), help="CSV and PNG path (no suffix)")
     p.add_argument("--peer-python", type=Path, help="python of the llama.cpp venv (.venv-llm-peer/bin/python)")
@@ -142,10 +155,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    torch.set_num_threads(args.threads)
-    warnings.simplefilter("ignore")
-    budget = TrialBudget(new=args.new, repeats=args.repeats, threads=args.threads)
-    search = smollm2_workload(eval_windows=args.eval_windows, calibration_windows=args.calib_windows)
+    budget, search = search_setup(args)
     cache, trials = CalibrationCache(), []
     for guide in args.guides:
         for seed in args.seeds:

@@ -226,7 +226,7 @@ def test_two_trial_experiment_with_the_pareto_tuner(quick_config):
     assert df[["sparsity", "block"]].drop_duplicates().shape[0] == 2  # the tuner never repeats a point
 
 
-@pytest.mark.first
+@pytest.mark.slow  # 60 s: four concurrent NNI trials (make test-slow); the handshake's unit tests run in make test
 def test_builtin_tpe_survives_concurrent_trials(quick_config):
     # without the in-order handshake NNI issue 5726 makes TPE raise KeyError within a few trials
     config = quick_config({"name": "TPE", "classArgs": {"optimize_mode": "maximize", "seed": 0}}, trials=4)
