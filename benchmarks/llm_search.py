@@ -89,8 +89,8 @@ def rescore(params: dict[str, Any], final: Any, calib: torch.Tensor, budget: Tri
     point = LLMPoint.from_dict(params, layers=len(final.dense_model().model.layers), bands=bands)
     model = copy.deepcopy(final.dense_model())
     compress_llm(model, point, calib, act_order=budget.act_order, mse=budget.mse, cache=cache)
-    packed_for_decode(model)  # scored as the step reads it
-    timing = decode_timing(model, final.timing_inputs(1)[0], point.act_bits, budget)
+    packed = packed_for_decode(model)  # scored as the step reads it, and packed once
+    timing = decode_timing(model, final.timing_inputs(1)[0], point.act_bits, budget, packed)
     return {"perplexity": perplexity_of(final, model, point.act_bits), **timing}
 
 

@@ -118,13 +118,14 @@ def paired_timing(models: list[tuple], prompt: torch.Tensor, budget: TrialBudget
     return out
 
 
-def decode_timing(model: nn.Module, prompt: torch.Tensor, act_bits: int, budget: TrialBudget) -> dict[str, float]:
-    """`paired_timing` of one model.
+def decode_timing(model: nn.Module, prompt: torch.Tensor, act_bits: int, budget: TrialBudget,
+                  packed: dict | None = None) -> dict[str, float]:
+    """`paired_timing` of one model (`packed`: its weights already packed, `packed_for_decode`'s).
 
     Example:
         >>> decode_timing(model, prompt, 8, TrialBudget())["decode_tok_s"]  # doctest: +SKIP
     """
-    return paired_timing([(model, act_bits)], prompt, budget)[0]
+    return paired_timing([(model, act_bits, packed)], prompt, budget)[0]
 
 
 def cost_models(model: nn.Module, point: LLMPoint | None) -> dict[str, float]:
