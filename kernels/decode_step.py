@@ -26,8 +26,10 @@ from sparta_explore.kernels.packed_weights import PackedWeight, converts_halves
 
 MAX_BATCH = 8  # sequences (rows) one call decodes; the C file's MAX_BATCH
 RUN = 32  # columns per int8 activation grid; the C file's QBLOCK
-FMT_CODES = {"f32": 0, "u8": 1, "u4": 2}
-HALF_CODES = {"u8": 4, "u4": 3}  # the same layouts with float16 grids (decode_rows.c's U8H, U4H)
+FMT_CODES = {"f32": 0, "u8": 1, "u4": 2}  # decode_rows.c's F32, U8, U4
+TILE_CODES = {"u8": 5, "u4": 6}  # X8, X4: the codes in tiles of TILE rows
+HALF_CODES = {1: 4, 2: 3, 5: 7, 6: 8}  # a layout's code -> the same with float16 grids (U8H, U4H, X8H, X4H)
+TILE = 8  # weight rows a tile holds (the C file's TILE)
 NEEDS = ("avx2", "fma")
 _ptr = ctypes.c_void_p
 
@@ -81,27 +83,60 @@ def _address(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def mat_of(packed: PackedWeight, bias: torch.Tensor | None = None) -> tuple[Mat, tuple[torch.Tensor, ...]]:
-    """The C view of `packed` (with `bias`), and the tensors it points into (keep them alive with it).
+def tiled(codes: torch.Tensor, fmt: str) -> torch.Tensor:
+    """(n, k) codes (uint8; below 16 for "u4", k a multiple of 32) of layout `fmt` in the tile layout of decode_rows.c (`tile_int8`): rows in
+    tiles of `TILE` (the last padded with zero codes); per tile and 32-column run, chunk c of 4 columns as 32 bytes,
+    row i's four at 4i. 8-bit codes are stored as code - 128; 4-bit chunks c and c + 4 share bytes (low, high nibble).
+
+    Example:
+        >>> tiled(torch.arange(32, dtype=torch.uint8).expand(8, 32) % 16, "u4")[:8].tolist()
+        [0, 17, 34, 51, 0, 17, 34, 51]
+    """
+    n, k = codes.shape
+    padded = torch.zeros(-(-n // TILE) * TILE, k, dtype=torch.int16)
+    padded[:n] = codes.to(torch.int16)
+    # (tile, row, run, chunk, column) -> (tile, run, chunk, row, column)
+    chunks = padded.reshape(-1, TILE, k // RUN, 8, 4).permute(0, 2, 3, 1, 4)
+    if fmt == "u8":
+        return (chunks - 128).to(torch.int8).contiguous().reshape(-1)
+    return (chunks[:, :, :4] | (chunks[:, :, 4:] << 4)).to(torch.uint8).contiguous().reshape(-1)
+
+
+def _tile_grids(scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    # per tile: its groups' TILE scales, then its groups' TILE offsets (zero for padded rows)
+    n, groups = scale.shape
+    both = torch.zeros(-(-n // TILE) * TILE, 2, groups, dtype=scale.dtype)
+    both[:n, 0], both[:n, 1] = scale, offset
+    return both.reshape(-1, TILE, 2, groups).permute(0, 2, 3, 1).contiguous()
+
+
+def mat_of(packed: PackedWeight, bias: torch.Tensor | None = None, tiles: bool = False
+           ) -> tuple[Mat, tuple[torch.Tensor, ...]]:
+    """The C view of `packed` (with `bias`), and the tensors it points into (keep them alive with it). `tiles`:
+    codes in tiles of 8 rows (`tiled`), the layout int8 activations run fastest on (and only they: the float
+    kernels read rows); a weight without codes or whole 32-column runs keeps its rows.
 
     Example:
         >>> mat, keep = mat_of(pack_weight(torch.ones(2, 8)))    # doctest: +SKIP
     """
     bias = None if bias is None else bias.detach().float().contiguous()
     f32 = packed.fmt == "f32"
-    grid, code = None, FMT_CODES[packed.fmt]
+    grid, code, data = None, FMT_CODES[packed.fmt], packed.data
     if not f32:
         scale, offset = packed.scale.float(), packed.offset.float()
         if packed.fmt == "u8":  # u8 codes are stored as code - 128: the offset takes the 128 back
             offset = offset + 128 * scale
-        grid = torch.cat([scale, offset], dim=1).contiguous()  # a row's scales, then offsets
+        tiles = tiles and packed.k % RUN == 0
+        if tiles:
+            data, code = tiled(packed.codes(), packed.fmt), TILE_CODES[packed.fmt]
+        grid = _tile_grids(scale, offset) if tiles else torch.cat([scale, offset], dim=1).contiguous()
         half = grid.half()
         # float16 where the grids are (and the 128 moved into the offset kept them so) and the CPU converts
         if packed.half_grids and converts_halves() and torch.equal(half.float(), grid):
-            grid, code = half, HALF_CODES[packed.fmt]
-    keep = tuple(t for t in (packed.data, grid, bias) if t is not None)
-    mat = Mat(code, packed.n, packed.k, packed.group, _address(packed.data) if f32 else None,
-              None if f32 else _address(packed.data), _address(grid), _address(bias))
+            grid, code = half, HALF_CODES[code]
+    keep = tuple(t for t in (data, grid, bias) if t is not None)
+    mat = Mat(code, packed.n, packed.k, packed.group, _address(data) if f32 else None,
+              None if f32 else _address(data), _address(grid), _address(bias))
     return mat, keep
 
 
@@ -124,7 +159,7 @@ def gemv(packed: PackedWeight, x: torch.Tensor, bias: torch.Tensor | None = None
                          f"row; got {act_bits} bits in runs of {run} for {packed.k} columns")
     x = x.detach().float().contiguous()
     out = torch.empty(x.shape[0], packed.n, dtype=torch.float32)
-    mat, _keep = mat_of(packed, bias)
+    mat, _keep = mat_of(packed, bias, tiles=rounds)
     lib = library().lib
     threads = threads or torch.get_num_threads()
     scratch = torch.empty(lib.act_floats(MAX_BATCH, packed.k), dtype=torch.float32)

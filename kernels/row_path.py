@@ -66,7 +66,7 @@ class RowPath:
     def _bind(self) -> tuple:
         if self._bound is None:
             lib = library().lib
-            mat, keep = mat_of(self.packed, self.bias)
+            mat, keep = mat_of(self.packed, self.bias, tiles=self.int_inputs)
             scratch = torch.empty(lib.act_floats(MAX_BATCH, self.packed.k), dtype=torch.float32)
             self._bound = (lib, mat, keep, scratch)
         return self._bound

@@ -9,14 +9,15 @@
  * pair per `group` columns (a multiple of 32) of a row, w = scale * code + offset:
  *   U8: one signed byte a column, code - 128 (the offset absorbs the 128), rows of k % 32 == 0;
  *   U4: 32 bytes a run of 64 columns, byte j holding column j (low nibble) and j + 32 (high);
- *   U8H, U4H: the same codes, their grids in float16 (F16C widens a row's grids as it starts).
+ *   U8H, U4H: the same codes, their grids in float16 (F16C widens a row's grids as it starts);
+ *   X8, X4 (and X8H, X4H): the same codes in tiles of 8 rows for int8 activations (see tile_int8).
  *
  * Activations (Model.act_q; gemv's run): float32: quantized weights are widened in registers,
  * and the step computes the model's weights times its activations up to summation order. Int8:
  * every projection's input is rounded per 32 columns to a symmetric 8-bit grid (scale = max |x| /
  * 127, as `fake_quantize_rows` of each 32-column block; gemv also rounds per row, at any bits),
  * and integer codes meet integer activations in `vpdpbusd` (VNNI) or `vpmaddubsw` (32 products
- * an instruction): what the model with those inputs rounded computes.
+ * an instruction), eight weight rows at once: what the model with those inputs rounded computes.
  *
  * One OpenMP parallel region runs the whole step; the stages are work-shared loops whose
  * implicit barriers order them, so threads start once per token, not once per matrix.
@@ -32,6 +33,11 @@
 #define U4 2
 #define U4H 3
 #define U8H 4
+#define X8 5 /* tiles from here on */
+#define X4 6
+#define X8H 7
+#define X4H 8
+#define TILE 8 /* weight rows a tile interleaves */
 #define MAX_BATCH 8
 #define CHUNK 4 /* activation rows per pass over a weight row (the row stays in L1 between passes) */
 #define QBLOCK 32 /* activation columns per int8 grid */
@@ -41,7 +47,7 @@ typedef struct {
     int32_t fmt, n, k, group;
     const float *w;
     const uint8_t *codes;
-    const void *grid; /* U8 / U4: per row its groups' scales, then their offsets (one stream); H: float16 */
+    const void *grid; /* per row (tiles: per tile, see tile_int8) its groups' scales, then offsets; H: float16 */
     const float *bias;
 } Mat;
 
@@ -199,153 +205,97 @@ INLINE void row_u4_f32(const Mat *m, int n, const float *x, int ldx, int nb, flo
     reduce(acc, nb, out);
 }
 
-/* Unsigned bytes u times signed bytes s, each four neighbours summed into int32: one `vpdpbusd` where the
-   CPU has VNNI (the build's -march=native says), else `vpmaddubsw` + `vpmaddwd`. Our operands never reach
-   vpmaddubsw's int16 saturation (codes <= 15, or |code| <= 128 against |q| <= 127), so both agree exactly. */
+/* Unsigned bytes u times signed bytes s, each four neighbours summed into int32 and added to acc: one
+   `vpdpbusd` where the CPU has VNNI (the build's -march=native says), else `vpmaddubsw` + `vpmaddwd` + add.
+   Our operands never reach vpmaddubsw's int16 saturation (codes <= 15, or |code| <= 128 against |q| <= 127),
+   so both agree exactly. */
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define VNNI 1
-INLINE __m256i quad_sums(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
+INLINE __m256i dot4_add(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
 #elif defined(__AVXVNNI__)
 #define VNNI 1
-INLINE __m256i quad_sums(__m256i u, __m256i s) { return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s); }
+INLINE __m256i dot4_add(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_avx_epi32(acc, u, s); }
 #else
 #define VNNI 0
-INLINE __m256i quad_sums(__m256i u, __m256i s) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+INLINE __m256i dot4_add(__m256i acc, __m256i u, __m256i s) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 }
 #endif
 
-/* A run's 32 products, 8 partial sums as floats. U4 codes are 0..15, unsigned as they are; U8 codes are
-   signed (code - 128), so the sign moves onto the activation (|c| * sign(q, c)). */
-INLINE __m256i run_sums(__m256i codes, __m256i q, const int is_signed) {
-    return is_signed ? quad_sums(_mm256_abs_epi8(codes), _mm256_sign_epi8(q, codes)) : quad_sums(codes, q);
+/* Tile layouts (X formats): rows in tiles of 8 (n padded with zero rows); a tile holds its runs of 32 columns
+   one after another. In a run, column chunk c (columns 4c .. 4c + 3) is one 32-byte vector: bytes 4i .. 4i + 3
+   are row i's codes of the chunk, so `vpmaddubsw` against the chunk's four activations (one int32 broadcast)
+   leaves row i's partial sum in lane i: no horizontal sums, eight outputs in one register.
+     X8: 8 vectors a run (256 bytes), signed codes (code - 128);
+     X4: 4 vectors a run (128 bytes), vector j holding chunk j in its low nibbles and chunk j + 4 in its high.
+   Grids: per tile its groups' 8 scales (one per row), then its groups' 8 offsets; float16 for the H variants. */
+
+INLINE __m256 tile_grid(const void *grid, int half, long at) {
+    return half ? half_8((const uint16_t *)grid, at) : _mm256_loadu_ps((const float *)grid + at);
 }
 
-INLINE __m256 run_dot(__m256i codes, __m256i q, const int is_signed) {
-    return _mm256_cvtepi32_ps(run_sums(codes, q, is_signed));
+/* One run's 8 row sums (int32, lane i = row i) against the run's activation codes q (32 bytes). */
+INLINE __m256i tile_run_x4(const uint8_t *w, const int8_t *q, __m256i low) {
+    const int32_t *qd = (const int32_t *)q;
+#if VNNI
+    __m256i s = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(w + 32 * j));
+        s = dot4_add(s, _mm256_and_si256(raw, low), _mm256_set1_epi32(qd[j]));
+        s = dot4_add(s, _mm256_and_si256(_mm256_srli_epi16(raw, 4), low), _mm256_set1_epi32(qd[j + 4]));
+    }
+    return s;
+#else
+    /* codes <= 15 and |q| <= 127: a pair's sum is at most 3810, eight chunks' 30480, inside int16 */
+    __m256i s = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(w + 32 * j));
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(_mm256_and_si256(raw, low), _mm256_set1_epi32(qd[j])));
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low),
+                                                     _mm256_set1_epi32(qd[j + 4])));
+    }
+    return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+#endif
 }
 
-/* The locals every int8 row product starts from (a macro: the same code as written out, constants kept):
-   the row's runs of 32 columns, runs a weight group spans (`per`, a constant where the caller names it), runs
-   per row of activations (`ld`), its grids (scales, then offsets) and codes. */
-#define ROW_Q_LOCALS                                                                                           \
-    const int runs = m->k / 32, per = PER ? PER : m->group / 32, groups = (m->k + m->group - 1) / m->group;  \
-    const int ld = a->ldx / QBLOCK;                                                                            \
-    float tmp[2 * groups];                                                                                     \
-    const float *scales = row_grids(m, n, groups, tmp), *offs = scales + groups;                               \
-    const uint8_t *c = m->codes + (long)n * (bits == 4 ? m->k / 2 : m->k);                                      \
+INLINE __m256i tile_run_x8(const int8_t *w, const int8_t *q) {
+    const int32_t *qd = (const int32_t *)q;
+    __m256i s = _mm256_setzero_si256();
+    for (int c = 0; c < 8; ++c) {
+        const __m256i code = _mm256_loadu_si256((const __m256i *)(w + 32 * c));
+        /* signed codes: the sign moves onto the activation (|c| * sign(q, c)) */
+        s = dot4_add(s, _mm256_abs_epi8(code), _mm256_sign_epi8(_mm256_set1_epi32(qd[c]), code));
+    }
+    return s;
+}
+
+/* Tile t's 8 outputs for nb (<= CHUNK) activation rows: out[b * 8 + i]. Per run, the 8 integer sums times the
+   rows' scales times the run's activation scale d; per group, the rows' offsets times the sum of its runs' rounded
+   inputs (xs). A row past n is zero codes and zero grids: its lane computes 0. */
+INLINE void tile_int8(const Mat *m, int t, const Act *a, int nb, float *out, const int fmt, const int PER) {
+    const int runs = m->k / 32, per = PER ? PER : m->group / 32, groups = (m->k + m->group - 1) / m->group;
+    const int ld = a->ldx / QBLOCK, half = fmt == X4H || fmt == X8H, four = fmt == X4 || fmt == X4H;
+    const long run_bytes = four ? 128 : 256;
+    const uint8_t *w = m->codes + (long)t * runs * run_bytes;
+    const long g0 = (long)t * groups * 2 * TILE; /* this tile's grids: scales, then offsets */
     const __m256i low = _mm256_set1_epi8(15);
-
-INLINE void row_q_int8_runs(const Mat *m, int n, const Act *a, int nb, float *out, const int bits, const int PER) {
-    ROW_Q_LOCALS
-    /* Before the row's runs: each run's weight scale times its activation scale (sd), and the offsets'
-       part, offset * sum of the run's rounded inputs, summed for the whole row (off). */
-    float sd[CHUNK * runs], off[CHUNK];
-    for (int b = 0; b < nb; ++b) {
-        const float *d = a->d + (long)b * ld, *xs = a->xs + (long)b * ld;
-        float *row_sd = sd + b * runs;
-        if (per == 1) {
-            __m256 o = _mm256_setzero_ps();
-            int r = 0;
-            for (; r + 8 <= runs; r += 8) {
-                _mm256_storeu_ps(row_sd + r, _mm256_mul_ps(_mm256_loadu_ps(scales + r), _mm256_loadu_ps(d + r)));
-                o = _mm256_fmadd_ps(_mm256_loadu_ps(offs + r), _mm256_loadu_ps(xs + r), o);
+    __m256 acc[CHUNK], off[CHUNK];
+    for (int b = 0; b < CHUNK; ++b) { acc[b] = _mm256_setzero_ps(); off[b] = _mm256_setzero_ps(); }
+    for (int g = 0, r = 0; g < groups; ++g) {
+        const __m256 s = tile_grid(m->grid, half, g0 + g * TILE), o = tile_grid(m->grid, half, g0 + (groups + g) * TILE);
+        const int end = r + per < runs ? r + per : runs;
+        __m256 xsum[CHUNK];
+        for (int b = 0; b < nb; ++b) xsum[b] = _mm256_setzero_ps();
+        for (; r < end; ++r, w += run_bytes)
+            for (int b = 0; b < nb; ++b) {
+                const int8_t *q = a->q + (long)b * a->ldx + r * 32;
+                const __m256i p = four ? tile_run_x4(w, q, low) : tile_run_x8((const int8_t *)w, q);
+                acc[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(s, _mm256_broadcast_ss(a->d + (long)b * ld + r)), acc[b]);
+                xsum[b] = _mm256_add_ps(xsum[b], _mm256_broadcast_ss(a->xs + (long)b * ld + r));
             }
-            off[b] = hsum(o);
-            for (; r < runs; ++r) { row_sd[r] = scales[r] * d[r]; off[b] += offs[r] * xs[r]; }
-        } else {
-            off[b] = 0.0f;
-            for (int r = 0; r < runs; ++r) { row_sd[r] = scales[r / per] * d[r]; off[b] += offs[r / per] * xs[r]; }
-        }
+        for (int b = 0; b < nb; ++b) off[b] = _mm256_fmadd_ps(o, xsum[b], off[b]);
     }
-    __m256 acc[CHUNK][8];
-    ZERO_ACC(acc)
-    int r = 0;
-    __m256i raw = _mm256_setzero_si256();
-#define RUN(T)                                                                                                   \
-    {                                                                                                            \
-        const int run = r + (T);                                                                                 \
-        if (bits == 8 || run % 2 == 0) raw = _mm256_loadu_si256((const __m256i *)(c + (bits == 4 ? run / 2 : run) * 32)); \
-        const __m256i codes = bits == 8 ? raw : run % 2 == 0 ? _mm256_and_si256(raw, low)                        \
-                                                             : _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);  \
-        for (int b = 0; b < nb; ++b) {                                                                           \
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(a->q + (long)b * a->ldx + run * 32));         \
-            acc[b][(T) % 4] = _mm256_fmadd_ps(run_dot(codes, q, bits == 8), _mm256_broadcast_ss(sd + b * runs + run), \
-                                              acc[b][(T) % 4]);                                                  \
-        }                                                                                                        \
-    }
-    for (; r + 4 <= runs; r += 4) { RUN(0) RUN(1) RUN(2) RUN(3) }
-    for (; r < runs; ++r) RUN(0)
-#undef RUN
-    for (int b = 0; b < nb; ++b) /* four chains: rows are short (18 runs in 576 columns), the sum is per row */
-        out[b] = hsum(_mm256_add_ps(_mm256_add_ps(acc[b][0], acc[b][1]), _mm256_add_ps(acc[b][2], acc[b][3])))
-                 + off[b];
-}
-
-/* Int8 activations, four runs summed side by side into one vector [r0 r1 r2 r3 | r0 r1 r2 r3] (each half
-   holds one 16-column half of each run): one int -> float conversion and one FMA with the runs' scale * d
-   then serve four runs, and the grids are read as vectors, with no per-row prologue. */
-INLINE __m256i four_runs(const __m256i codes[4], const int8_t *q, const int is_signed) {
-    __m256i p[4];
-    if (is_signed || VNNI) {
-        for (int t = 0; t < 4; ++t)
-            p[t] = run_sums(codes[t], _mm256_loadu_si256((const __m256i *)(q + 32 * t)), is_signed);
-        return _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-    }
-    /* 4-bit codes without VNNI: 8 products of at most 15 * 127 stay within int16, so two int16 levels
-       precede the one widening */
-    for (int t = 0; t < 4; ++t) p[t] = _mm256_maddubs_epi16(codes[t], _mm256_loadu_si256((const __m256i *)(q + 32 * t)));
-    return _mm256_madd_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3])),
-                             _mm256_set1_epi16(1));
-}
-
-/* A group-level value (scale or offset) for runs r..r+3 (r a multiple of 4), `per` runs a group. */
-INLINE __m128 per_run4(const float *v, int r, const int per) {
-    if (per == 1) return _mm_loadu_ps(v + r);
-    if (per == 2) {
-        const __m128 t = _mm_castpd_ps(_mm_load_sd((const double *)(v + r / 2)));
-        return _mm_unpacklo_ps(t, t);
-    }
-    if (per % 4 == 0) return _mm_set1_ps(v[r / per]);
-    return _mm_setr_ps(v[r / per], v[(r + 1) / per], v[(r + 2) / per], v[(r + 3) / per]);
-}
-
-INLINE __m256i u4_codes(const uint8_t *c, int run, __m256i low) {
-    const __m256i raw = _mm256_loadu_si256((const __m256i *)(c + run / 2 * 32));
-    return run % 2 == 0 ? _mm256_and_si256(raw, low) : _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
-}
-
-INLINE void row_q_int8_quads(const Mat *m, int n, const Act *a, int nb, float *out, const int bits, const int PER) {
-    ROW_Q_LOCALS
-    __m256 acc[CHUNK];
-    __m128 off[CHUNK]; /* offset * the run's sum of rounded inputs */
-    for (int b = 0; b < CHUNK; ++b) { acc[b] = _mm256_setzero_ps(); off[b] = _mm_setzero_ps(); }
-    int r = 0;
-    for (; r + 4 <= runs; r += 4) {
-        __m256i codes[4];
-        for (int t = 0; t < 4; ++t)
-            codes[t] = bits == 4 ? u4_codes(c, r + t, low) : _mm256_loadu_si256((const __m256i *)(c + (r + t) * 32));
-        const __m128 s4 = per_run4(scales, r, per), o4 = per_run4(offs, r, per);
-        const __m256 s8 = _mm256_set_m128(s4, s4);
-        for (int b = 0; b < nb; ++b) {
-            const __m256i v = four_runs(codes, a->q + (long)b * a->ldx + r * 32, bits == 8);
-            const __m256 sd = _mm256_mul_ps(s8, _mm256_broadcast_ps((const __m128 *)(a->d + (long)b * ld + r)));
-            acc[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), sd, acc[b]);
-            off[b] = _mm_fmadd_ps(o4, _mm_loadu_ps(a->xs + (long)b * ld + r), off[b]);
-        }
-    }
-    float tail[CHUNK] = {0.0f};
-    for (; r < runs; ++r) { /* the last runs % 4 runs, one at a time */
-        const __m256i codes = bits == 4 ? u4_codes(c, r, low) : _mm256_loadu_si256((const __m256i *)(c + r * 32));
-        for (int b = 0; b < nb; ++b) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(a->q + (long)b * a->ldx + r * 32));
-            const float d = a->d[(long)b * ld + r];
-            acc[b] = _mm256_fmadd_ps(run_dot(codes, q, bits == 8), _mm256_set1_ps(scales[r / per] * d), acc[b]);
-            tail[b] += offs[r / per] * a->xs[(long)b * ld + r];
-        }
-    }
-    for (int b = 0; b < nb; ++b)
-        out[b] = hsum(_mm256_add_ps(acc[b], _mm256_zextps128_ps256(off[b]))) + tail[b];
+    for (int b = 0; b < nb; ++b) _mm256_storeu_ps(out + b * TILE, _mm256_add_ps(acc[b], off[b]));
 }
 
 /* nb as a constant in each call, so the always-inlined row code keeps its accumulators in registers. */
@@ -353,37 +303,69 @@ INLINE void row_q_int8_quads(const Mat *m, int n, const Act *a, int nb, float *o
 #define F32_ROW(NB) row_f32(m->w + (long)n * m->k, m->k, x, ldx, NB, out)
 #define U8_ROW(NB) row_u8_f32(m, n, x, ldx, NB, out)
 #define U4_ROW(NB) if (m->group == 32) row_u4_f32(m, n, x, ldx, NB, out, 1); else row_u4_f32(m, n, x, ldx, NB, out, 0)
-/* runs a group spans as a constant where common (1: groups of 32; 4: of 128), so no division a run */
-#define U8_I8_ROW(NB) if (per == 1) row_q_int8_quads(m, n, &sub, NB, out, 8, 1); else if (per == 4) row_q_int8_quads(m, n, &sub, NB, out, 8, 4); else row_q_int8_quads(m, n, &sub, NB, out, 8, 0)
-#define U4_I8_ROW(NB) if (per == 1) row_q_int8_runs(m, n, &sub, NB, out, 4, 1); else if (per == 4) row_q_int8_quads(m, n, &sub, NB, out, 4, 4); else row_q_int8_quads(m, n, &sub, NB, out, 4, 0)
 
+/* A row-layout weight meets float rows: the input itself, or with int8 activations its rounded values (the
+   same products as the integer ones, up to summation order; integer inputs take the tiles). */
 static void mat_row(const Mat *m, int n, const Act *a, int b0, int nb, float *out) {
     const float *x = a->x + (long)b0 * a->ldx;
     const int ldx = a->ldx;
-    if (m->fmt == F32) { BY_ROWS(F32_ROW) return; }
-    const int bytes = m->fmt == U8 || m->fmt == U8H; /* else U4 or U4H */
-    if (a->q == NULL) {
-        if (bytes) { BY_ROWS(U8_ROW) } else { BY_ROWS(U4_ROW) }
-        return;
-    }
-    const int runs = ldx / QBLOCK, per = m->group / 32;
-    const Act sub = {x, ldx, a->q + (long)b0 * ldx, a->d + (long)b0 * runs, a->xs + (long)b0 * runs};
-    if (bytes) { BY_ROWS(U8_I8_ROW) } else { BY_ROWS(U4_I8_ROW) }
+    if (m->fmt == F32) BY_ROWS(F32_ROW) else if (m->fmt == U8 || m->fmt == U8H) BY_ROWS(U8_ROW) else BY_ROWS(U4_ROW)
 }
 
-/* y (B, ldy) = x W^T + bias, or y += that when `add`; call inside a parallel region. */
+/* runs a group spans as a constant where common (1: groups of 32; 4: of 128), so no division a run */
+#define TILE_ROWS(NB)                                                                                          \
+    if (per == 1) tile_int8(m, t, &sub, NB, out, FMT, 1);                                                     \
+    else if (per == 4) tile_int8(m, t, &sub, NB, out, FMT, 4);                                                \
+    else tile_int8(m, t, &sub, NB, out, FMT, 0)
+
+static void tile_rows(const Mat *m, int t, const Act *a, int b0, int nb, float *out) {
+    const int runs = a->ldx / QBLOCK, per = m->group / 32;
+    const Act sub = {a->x + (long)b0 * a->ldx, a->ldx, a->q + (long)b0 * a->ldx, a->d + (long)b0 * runs,
+                     a->xs + (long)b0 * runs};
+#define FMT X4H
+    if (m->fmt == X4H) { BY_ROWS(TILE_ROWS) return; }
+#undef FMT
+#define FMT X4
+    if (m->fmt == X4) { BY_ROWS(TILE_ROWS) return; }
+#undef FMT
+#define FMT X8H
+    if (m->fmt == X8H) { BY_ROWS(TILE_ROWS) return; }
+#undef FMT
+#define FMT X8
+    BY_ROWS(TILE_ROWS)
+#undef FMT
+}
+
+INLINE void put(const Mat *m, int n, float v, float *dst, int add) {
+    v += m->bias ? m->bias[n] : 0.0f;
+    *dst = add ? *dst + v : v;
+}
+
+/* y (B, ldy) = x W^T + bias, or y += that when `add`; call inside a parallel region. Tiled weights (int8
+   activations only) split their tiles over the threads, row-layout ones their rows. */
 static void gemv_shared(const Mat *m, const Act *a, int B, float *y, int ldy, int add) {
+    if (m->fmt >= X8) {
+#pragma omp for schedule(static) nowait
+        for (int t = 0; t < (m->n + TILE - 1) / TILE; ++t) {
+            float out[CHUNK * TILE];
+            const int rows = m->n - t * TILE < TILE ? m->n - t * TILE : TILE;
+            for (int b0 = 0; b0 < B; b0 += CHUNK) {
+                const int nb = B - b0 < CHUNK ? B - b0 : CHUNK;
+                tile_rows(m, t, a, b0, nb, out);
+                for (int b = 0; b < nb; ++b)
+                    for (int i = 0; i < rows; ++i)
+                        put(m, t * TILE + i, out[b * TILE + i], y + (long)(b0 + b) * ldy + t * TILE + i, add);
+            }
+        }
+        return;
+    }
 #pragma omp for schedule(static) nowait
     for (int n = 0; n < m->n; ++n) {
         float out[CHUNK];
         for (int b0 = 0; b0 < B; b0 += CHUNK) {
             const int nb = B - b0 < CHUNK ? B - b0 : CHUNK;
             mat_row(m, n, a, b0, nb, out);
-            for (int b = 0; b < nb; ++b) {
-                const float v = out[b] + (m->bias ? m->bias[n] : 0.0f);
-                float *dst = y + (long)(b0 + b) * ldy + n;
-                *dst = add ? *dst + v : v;
-            }
+            for (int b = 0; b < nb; ++b) put(m, n, out[b], y + (long)(b0 + b) * ldy + n, add);
         }
     }
 }

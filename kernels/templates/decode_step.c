@@ -4,6 +4,21 @@
 static void weight_row(const Mat *m, int n, float *out) {
     if (m->fmt == F32) { memcpy(out, m->w + (long)n * m->k, sizeof(float) * m->k); return; }
     const int groups = (m->k + m->group - 1) / m->group;
+    if (m->fmt >= X8) { /* row i of tile t (layout: tile_int8) */
+        const int t = n / TILE, i = n % TILE, four = m->fmt == X4 || m->fmt == X4H;
+        const int half = m->fmt == X4H || m->fmt == X8H;
+        const uint8_t *w = m->codes + (long)t * (m->k / 32) * (four ? 128 : 256);
+        const long g0 = (long)t * groups * 2 * TILE + i;
+        for (int j = 0; j < m->k; ++j) {
+            const int r = j / 32, c = j % 32 / 4, at = 4 * i + j % 4, g = j / m->group;
+            const int code = four ? (c < 4 ? w[r * 128 + c * 32 + at] & 15 : w[r * 128 + (c - 4) * 32 + at] >> 4)
+                                  : ((const int8_t *)w)[r * 256 + c * 32 + at];
+            const long s = g0 + (long)g * TILE, o = g0 + (long)(groups + g) * TILE;
+            out[j] = half ? half_at(m->grid, s) * code + half_at(m->grid, o)
+                          : ((const float *)m->grid)[s] * code + ((const float *)m->grid)[o];
+        }
+        return;
+    }
     float tmp[2 * groups];
     const float *scales = row_grids(m, n, groups, tmp), *offs = scales + groups;
     for (int j = 0; j < m->k; ++j) {

@@ -212,7 +212,7 @@ class CompiledDecoder:
     def _mat(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> Mat:
         packed = self.packed.get(name) or pack_weight(weight.detach(), bits=None if self.pack else 32)
         self.packed[name] = packed
-        mat, keep = mat_of(packed, bias)
+        mat, keep = mat_of(packed, bias, tiles=self.act_bits == 8)  # int8 inputs read tiles of rows
         self._keep.extend(keep)
         return mat
 
