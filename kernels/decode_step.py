@@ -84,9 +84,10 @@ def _address(t: torch.Tensor | None) -> int | None:
 
 
 def tiled(codes: torch.Tensor, fmt: str) -> torch.Tensor:
-    """(n, k) codes (uint8; below 16 for "u4", k a multiple of 32) of layout `fmt` in the tile layout of decode_rows.c (`tile_int8`): rows in
-    tiles of `TILE` (the last padded with zero codes); per tile and 32-column run, chunk c of 4 columns as 32 bytes,
-    row i's four at 4i. 8-bit codes are stored as code - 128; 4-bit chunks c and c + 4 share bytes (low, high nibble).
+    """(n, k) codes (uint8, below 16 for "u4"; k a multiple of 32) of layout `fmt`, in decode_rows.c's tiles
+    (`tile_int8`): rows in tiles of `TILE` (the last padded with zero codes); per tile and 32-column run, chunk c
+    of 4 columns as 32 bytes, row i's four at 4i. "u8" codes are stored as code - 128; "u4" chunks c and c + 4
+    share bytes (low, high nibble).
 
     Example:
         >>> tiled(torch.arange(32, dtype=torch.uint8).expand(8, 32) % 16, "u4")[:8].tolist()
