@@ -46,7 +46,7 @@ def failed_row(point: LLMPoint, workload: Workload, error: BaseException) -> dic
         >>> failed_row(LLMPoint.from_dict({}, layers=2, bands=1), w, ValueError("x"))["error"]  # doctest: +SKIP
         'ValueError: x'
     """
-    return {"key": point.key(), **point.to_dict(), "bands": point.bands, "workload": workload.name,
+    return {"key": point.key(), **point.canonical().to_dict(), "bands": point.bands, "workload": workload.name,
             "error": f"{type(error).__name__}: {error}", "accuracy": math.nan, "quality": math.nan}
 
 

@@ -122,6 +122,22 @@ class LLMPoint:
                                   f"{', '.join(f'{k}@<group>' for k in GROUP_KEYS)}")
         return cls(bands=bands, groups={g: Choice(**per[g]) for g in names}, **top)
 
+    @classmethod
+    def from_key(cls, key: str) -> LLMPoint:
+        """The point a `key` (or `asked_key`) names.
+
+        Example:
+            >>> p = LLMPoint.from_dict({"bits@mlp.0": 4}, layers=2, bands=1)
+            >>> LLMPoint.from_key(p.key()) == p
+            True
+        """
+        try:
+            params = json.loads(key)
+            bands = int(params.pop("bands"))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+            raise ConfigError(f"LLM search: {key!r} is not a point key (JSON with 'bands')") from None
+        return cls.from_dict(params, layers=bands, bands=bands)
+
     def to_dict(self) -> dict[str, Any]:
         """The flat parameters this point came from (every key), JSON-ready."""
         out: dict[str, Any] = {"compressor": self.compressor, "head_bits": self.head_bits, "act_bits": self.act_bits}
@@ -129,13 +145,32 @@ class LLMPoint:
             out.update({f"sparsity@{g}": c.sparsity, f"bits@{g}": c.bits, f"group@{g}": c.group})
         return out
 
-    def key(self) -> str:
-        """A canonical text of the point (what results are cached and resumed by)."""
+    def canonical(self) -> LLMPoint:
+        """The same model with the parameters that do not change it at their defaults: a group's columns per
+        grid without bits (32), the compressor where nothing is pruned.
+
+        Example:
+            >>> p = LLMPoint.from_dict({"group@mlp.0": 32, "compressor": "sparsegpt"}, layers=2, bands=1)
+            >>> p.canonical() == LLMPoint.from_dict({}, layers=2, bands=1)
+            True
+        """
+        groups = {g: c if c.bits < 32 else Choice(c.sparsity, c.bits) for g, c in self.groups.items()}
+        pruned = any(c.sparsity > 0 for c in groups.values())
+        return LLMPoint(self.bands, groups, self.compressor if pruned else LLMPoint.compressor, self.head_bits,
+                        self.act_bits)
+
+    def asked_key(self) -> str:
+        """The point's text as asked, every parameter as given."""
         return json.dumps({"bands": self.bands, **self.to_dict()}, sort_keys=True)
+
+    def key(self) -> str:
+        """The canonical text of the point (what results are cached and resumed by): points that make the same
+        model share it."""
+        return self.canonical().asked_key()
 
     def compress_key(self) -> str:
         """The part of `key` that changes the compressed weights (act_bits does not)."""
-        d = {"bands": self.bands, **self.to_dict()}
+        d = json.loads(self.key())
         d.pop("act_bits")
         return json.dumps(d, sort_keys=True)
 

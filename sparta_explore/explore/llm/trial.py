@@ -173,7 +173,7 @@ def run_llm_trial(point: LLMPoint, workload: Workload, budget: TrialBudget = Tri
     dense_ms = dense_timing["decode_ms"]
     base_ppl = workload.evaluate(dense) if dense_perplexity is None else float(dense_perplexity)
     costs, base = cost_models(model, point), cost_models(dense, None)
-    return {"key": point.key(), **point.to_dict(), "bands": point.bands, "workload": workload.name,
+    return {"key": point.key(), **point.canonical().to_dict(), "bands": point.bands, "workload": workload.name,
             "metric_name": workload.metric_name, "higher_is_better": False, "perplexity": ppl,
             "accuracy": ppl, "dense_accuracy": base_ppl, "quality": base_ppl / ppl, **timing,
             "dense_decode_ms": dense_ms, "latency_ratio": timing["decode_ms"] / dense_ms, **costs,
@@ -187,6 +187,10 @@ def run_llm_trial(point: LLMPoint, workload: Workload, budget: TrialBudget = Tri
 class TrialLog:
     """Trial rows in a JSON-lines file, by point key: `get` a finished point, `add` a new row.
 
+    A row is found by the key it was written under, else by its canonical key (`LLMPoint.key`): a point asked
+    again with parameters that do not change the model reads the row of the model it makes, while a log whose
+    rows carry every parameter as asked replays each search exactly.
+
     Example:
         >>> log = TrialLog("results/llm/trials.jsonl")  # doctest: +SKIP
         >>> log.get(point) or log.add(run_llm_trial(point, workload))  # doctest: +SKIP
@@ -195,24 +199,29 @@ class TrialLog:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.rows: dict[str, dict[str, Any]] = {}
+        self.by_model: dict[str, dict[str, Any]] = {}  # canonical key -> the first row of that model
         if self.path.exists():
             for n, line in enumerate(self.path.read_text().splitlines(), 1):
                 if not line.strip():
                     continue
                 try:
                     row = json.loads(line)
-                    self.rows[row["key"]] = row
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    raise ConfigError(f"{self.path}:{n} is not a trial row (JSON with a 'key')") from None
+                    self._index(row)
+                except (json.JSONDecodeError, KeyError, TypeError, ConfigError):
+                    raise ConfigError(f"{self.path}:{n} is not a trial row (JSON with a point's 'key')") from None
+
+    def _index(self, row: dict[str, Any]) -> None:
+        self.rows[row["key"]] = row
+        self.by_model.setdefault(LLMPoint.from_key(row["key"]).key(), row)
 
     def get(self, point: LLMPoint) -> dict[str, Any] | None:
-        """The row of `point` if it ran before."""
-        return self.rows.get(point.key())
+        """The row of `point` if it, or a point making the same model, ran before."""
+        return self.rows.get(point.asked_key()) or self.by_model.get(point.key())
 
     def add(self, row: dict[str, Any]) -> dict[str, Any]:
         """Append `row` (one line, flushed before returning) and return it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as f:
             f.write(json.dumps(row, sort_keys=True) + "\n")
-        self.rows[row["key"]] = row
+        self._index(row)
         return row

@@ -93,3 +93,18 @@ def test_one_linear_on_random_values_with_ragged_groups_and_zero_rows():
         kept = scores[row][wanda.keep[row]]
         assert float(kept.min()) >= float(scores[row][~wanda.keep[row]].max())
         assert torch.equal(wanda.weight[row][wanda.keep[row]], w[row][wanda.keep[row]])
+
+
+def test_a_point_and_its_canonical_form_compress_alike():
+    # parameters the canonical form drops (groups without bits, the compressor without pruning) change nothing
+    calib = _calib()
+    points = [{"bits@attn.0": 32, "group@attn.0": 32, "bits@mlp.0": 4, "group@mlp.0": 64, "compressor": "sparsegpt"},
+              {"sparsity@mlp.0": 0.5, "bits@attn.0": 32, "group@attn.0": 32, "compressor": "sparsegpt"}]
+    for params in points:
+        point = LLMPoint.from_dict(params, layers=2, bands=1)
+        assert point.canonical() != point
+        got, want = tiny_llama(), tiny_llama()
+        compress_llm(got, point, calib)
+        compress_llm(want, point.canonical(), calib)
+        for (name, a), b in zip(got.state_dict().items(), want.state_dict().values()):
+            assert torch.equal(a, b), name

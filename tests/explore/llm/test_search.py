@@ -101,6 +101,22 @@ def test_bad_search_arguments_and_logs_are_one_error(workload, tmp_path):
     with pytest.raises(ConfigError, match="guide must be one of latency, flops, bytes"):
         llm_search(workload, trials=1, log=tmp_path / "x.jsonl", guide="params")
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"key": "a"}\nnot json\n')
+    bad.write_text(json.dumps({"key": LLMPoint(bands=1).key()}) + '\nnot json\n{"key": "a"}\n')
     with pytest.raises(ConfigError, match="bad.jsonl:2 is not a trial row"):
         TrialLog(bad)
+    bad.write_text('{"key": "a"}\n')
+    with pytest.raises(ConfigError, match="bad.jsonl:1 is not a trial row"):
+        TrialLog(bad)
+
+
+def test_a_log_finds_rows_by_the_key_they_were_written_under_then_by_the_model(tmp_path):
+    asked = LLMPoint.from_dict({"group@mlp.0": 32, "act_bits": 8}, layers=2, bands=1)  # group without bits: no-op
+    same_model = LLMPoint.from_dict({"group@mlp.0": 64, "act_bits": 8}, layers=2, bands=1)
+    log = TrialLog(tmp_path / "t.jsonl")
+    log.add({"key": asked.asked_key(), "quality": 0.9})  # a row written under the point as asked
+    log.add({"key": same_model.asked_key(), "quality": 0.8})  # the same model, measured again
+    reread = TrialLog(tmp_path / "t.jsonl")
+    assert reread.get(asked)["quality"] == 0.9 and reread.get(same_model)["quality"] == 0.8  # exact replays
+    third = LLMPoint.from_dict({"group@mlp.0": 128, "act_bits": 8, "compressor": "sparsegpt"}, layers=2, bands=1)
+    assert reread.get(third)["quality"] == 0.9  # asked afresh: the model's first row
+    assert reread.get(LLMPoint.from_dict({"act_bits": 32}, layers=2, bands=1)) is None

@@ -37,6 +37,38 @@ def test_points_round_trip_and_key_by_what_they_change():
     assert q.key() != p.key() and q.compress_key() == p.compress_key()
 
 
+def _random_point(rng, bands=2):
+    params = {"compressor": rng.choice(["wanda", "sparsegpt"]), "head_bits": rng.choice([32, 8]),
+              "act_bits": rng.choice([32, 8])}
+    for g in ("attn.0", "attn.1", "mlp.0", "mlp.1")[:2 * bands]:
+        params.update({f"sparsity@{g}": rng.choice([0.0, 0.0, 0.5]), f"bits@{g}": rng.choice([32, 32, 4]),
+                       f"group@{g}": rng.choice([32, 64, 128])})
+    return LLMPoint.from_dict(params, layers=4, bands=bands)
+
+
+def test_canonical_points_keep_what_changes_the_model_and_drop_the_rest():
+    rng = random.Random(0)
+    for _ in range(200):
+        p = _random_point(rng)
+        c = p.canonical()
+        assert c.canonical() == c and c.key() == p.key() and c.asked_key() == p.key()
+        for name, choice in p.assignment(4).items():
+            got = c.assignment(4)[name]
+            assert (got.sparsity, got.bits) == (choice.sparsity, choice.bits)
+            assert got.group == (choice.group if choice.bits < 32 else Choice().group)
+        pruned = any(ch.sparsity > 0 for ch in p.groups.values())
+        assert c.compressor == (p.compressor if pruned else "wanda")
+        assert (c.head_bits, c.act_bits) == (p.head_bits, p.act_bits)
+        assert LLMPoint.from_key(p.asked_key()) == p and LLMPoint.from_key(p.key()) == c
+    as_given = LLMPoint.from_dict({"group@mlp.0": 32, "compressor": "sparsegpt"}, layers=2, bands=1)
+    assert as_given.key() == LLMPoint.from_dict({}, layers=2, bands=1).key() != as_given.asked_key()
+    four_bit = {"bits@mlp.0": 4, "group@mlp.0": 32}
+    assert LLMPoint.from_dict(four_bit, layers=2, bands=1).key() != \
+        LLMPoint.from_dict({**four_bit, "group@mlp.0": 64}, layers=2, bands=1).key()  # groups of bits count
+    with pytest.raises(ConfigError, match="is not a point key"):
+        LLMPoint.from_key('{"act_bits": 8}')
+
+
 @pytest.mark.parametrize("params, match", [
     ({"sparsity@attn.7": 0.5}, "unknown key 'sparsity@attn.7'"),
     ({"bitz@mlp.0": 4}, "unknown key 'bitz@mlp.0'"),
