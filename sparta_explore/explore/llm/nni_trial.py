@@ -3,9 +3,12 @@
 Run by NNI as ``.venv/bin/python -m sparta_explore.explore.llm.nni_trial --workload smollm2-135m``
 (experiments/llm_latency_guided.yml). The point's row comes from the shared `TrialLog` (``--log``)
 when it ran before (a resumed or repeated experiment), else from `run_llm_trial`, and is appended
-there. The final result: ``{"default": quality, **row, "nni_params": <as received>, ...}``; the
-tuner (`ParetoTuner`, ``cost: latency_ratio``) reads ``quality`` and the ratio from it, and files it
-under the echoed parameters (NNI issue 5726).
+there. Trials share calibration prefixes through files (``--prefix-cache``, default a folder
+beside the log; `PrefixStore`): a trial starts after the depth bands an earlier trial, in any
+process, compressed the same way. The final result:
+``{"default": quality, **row, "nni_params": <as received>, ...}``; the tuner (`ParetoTuner`,
+``cost: latency_ratio``) reads ``quality`` and the ratio from it, and files it under the echoed
+parameters (NNI issue 5726).
 
 Example:
     >>> build_parser().parse_args(["--workload", "smollm2-tiny", "--bands", "1"]).bands
@@ -53,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--new", type=int, default=16, help="decode tokens timed after the prompt")
     p.add_argument("--repeats", type=int, default=7, help="timed decode rounds (median)")
     p.add_argument("--log", type=Path, default=DEFAULT_LOG, help="the shared trial log (JSON lines)")
+    p.add_argument("--prefix-cache", type=Path, help="folder of calibration prefixes shared by trials "
+                   "(default: prefix-cache beside the log)")
+    p.add_argument("--prefix-cache-gb", type=float, default=8.0, help="the folder's size limit (0: no sharing)")
     p.add_argument("--order-timeout", type=float, default=120.0,
                    help="seconds to wait for the previous trial to get its parameters (NNI issue 5726)")
     return p
@@ -64,6 +70,8 @@ def run(args: argparse.Namespace, nni_params: Mapping[str, object]) -> dict[str,
     Example:
         >>> run(build_parser().parse_args(["--workload", "smollm2-tiny"]), {"bits@mlp.0": 4})  # doctest: +SKIP
     """
+    from sparta_explore.explore.llm.prefix import CalibrationCache
+    from sparta_explore.explore.llm.prefix_store import PrefixStore
     from sparta_explore.explore.llm.space import LLMPoint
     from sparta_explore.explore.llm.trial import TrialBudget, TrialLog, run_llm_trial
 
@@ -73,7 +81,12 @@ def run(args: argparse.Namespace, nni_params: Mapping[str, object]) -> dict[str,
     log = TrialLog(args.log)
     row = log.get(point)
     if row is None:
-        row = log.add(run_llm_trial(point, workload, TrialBudget(new=args.new, repeats=args.repeats)))
+        if args.prefix_cache_gb < 0:
+            raise ConfigError(f"--prefix-cache-gb must be >= 0, got {args.prefix_cache_gb}")
+        folder = args.prefix_cache or args.log.parent / "prefix-cache"
+        store = PrefixStore(folder, int(args.prefix_cache_gb * 2**30)) if args.prefix_cache_gb > 0 else None
+        row = log.add(run_llm_trial(point, workload, TrialBudget(new=args.new, repeats=args.repeats),
+                                    cache=CalibrationCache(store=store)))
     return row
 
 

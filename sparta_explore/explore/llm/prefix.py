@@ -15,7 +15,8 @@ computed (the same arithmetic on the same inputs), so results do not depend on t
 
 `CalibrationCache` is in memory, least recently used entries dropped past `max_bytes`; a
 search (`llm_search`) holds one for all its trials, and a caller running several searches
-passes one to all of them. Separate processes (NNI trials) do not share it.
+passes one to all of them. Given a `PrefixStore` (`prefix_store.py`) it also writes its entries
+to a folder and reads misses from there: separate processes (NNI trials) share them so.
 
 Example:
     >>> cache = CalibrationCache(max_bytes=2 << 30)
@@ -30,6 +31,7 @@ import json
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -37,6 +39,9 @@ from torch import nn
 from sparta_explore.errors import ConfigError
 from sparta_explore.explore.llm.space import Choice
 from sparta_explore.oneshot import OBSResult
+
+if TYPE_CHECKING:
+    from sparta_explore.explore.llm.prefix_store import PrefixStore
 
 SAMPLE_STRIDE = 4099  # every this-many-th value of each tensor goes into the model's fingerprint
 
@@ -118,17 +123,19 @@ class PrefixEntry:
 
 
 class CalibrationCache:
-    """Prefix entries by key, least recently used dropped beyond `max_bytes`; counts what it saved.
+    """Prefix entries by key, least recently used dropped beyond `max_bytes`; counts what it saved. With a
+    `store`, entries are written to it too and misses read from it.
 
     Example:
         >>> cache = CalibrationCache(max_bytes=1 << 20); cache.get("x") is None
         True
     """
 
-    def __init__(self, max_bytes: int = 3 << 30) -> None:
+    def __init__(self, max_bytes: int = 3 << 30, store: PrefixStore | None = None) -> None:
         if max_bytes < 0:
             raise ConfigError(f"CalibrationCache: max_bytes must be >= 0, got {max_bytes}")
-        self.max_bytes = int(max_bytes)
+        self.max_bytes, self.store = int(max_bytes), store
+        self.entries_read = 0  # misses in memory found in the store
         self._entries: OrderedDict[str, PrefixEntry] = OrderedDict()
         self._bytes = 0
         self.blocks_reused = 0
@@ -139,10 +146,21 @@ class CalibrationCache:
         entry = self._entries.get(key)
         if entry is not None:
             self._entries.move_to_end(key)
+        elif self.store is not None:
+            entry = self.store.load(key)
+            if entry is not None:
+                self.entries_read += 1
+                self._keep(key, entry)
         return entry
 
     def put(self, key: str, entry: PrefixEntry) -> None:
-        """Keep `entry` under `key`, dropping the least recently used entries past `max_bytes`."""
+        """Keep `entry` under `key` (and in the store), dropping the least recently used entries past
+        `max_bytes`."""
+        if self.store is not None:
+            self.store.save(key, entry)
+        self._keep(key, entry)
+
+    def _keep(self, key: str, entry: PrefixEntry) -> None:
         if key in self._entries:
             self._bytes -= self._entries.pop(key).nbytes
         if entry.nbytes > self.max_bytes:
@@ -161,4 +179,4 @@ class CalibrationCache:
             0
         """
         return {"entries": len(self._entries), "bytes": self._bytes, "blocks_reused": self.blocks_reused,
-                "blocks_walked": self.blocks_walked}
+                "blocks_walked": self.blocks_walked, "entries_read": self.entries_read}

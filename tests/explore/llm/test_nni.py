@@ -55,3 +55,18 @@ def test_a_two_trial_llm_experiment_with_the_pareto_tuner(tmp_path):
         assert Space.from_nni(space).contains(echoed)
         assert LLMPoint.from_dict(echoed, layers=2, bands=1).key() in logged  # the row of the point that ran
         assert row["perplexity"] > 1 and row["decode_tok_s"] > 0 and row["quality"] > 0
+
+
+@pytest.mark.skipif(why_no_kernels() is not None, reason=str(why_no_kernels()))
+def test_trials_in_separate_processes_share_calibration_prefixes_through_files(tmp_path):
+    from sparta_explore.explore.llm.nni_trial import build_parser, run
+
+    args = build_parser().parse_args(["--workload", "smollm2-tiny", "--bands", "2", "--new", "4", "--repeats", "1",
+                                      "--log", str(tmp_path / "trials.jsonl")])
+    first = run(args, {"sparsity@mlp.0": 0.5, "bits@mlp.1": 4})  # each run holds its own in-memory cache
+    assert first["blocks_reused"] == 0 and len(list((tmp_path / "prefix-cache").glob("*.safetensors"))) == 2
+    second = run(args, {"sparsity@mlp.0": 0.5, "bits@mlp.1": 8})  # the same first band, read from its file
+    assert second["blocks_reused"] == 1
+    off = build_parser().parse_args(["--workload", "smollm2-tiny", "--bands", "2", "--new", "4", "--repeats", "1",
+                                     "--log", str(tmp_path / "other.jsonl"), "--prefix-cache-gb", "0"])
+    assert run(off, {"sparsity@mlp.0": 0.5, "bits@mlp.1": 3})["blocks_reused"] == 0  # sharing off
