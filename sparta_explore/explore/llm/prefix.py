@@ -31,7 +31,7 @@ import json
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -39,9 +39,6 @@ from torch import nn
 from sparta_explore.errors import ConfigError
 from sparta_explore.explore.llm.space import Choice
 from sparta_explore.oneshot import OBSResult
-
-if TYPE_CHECKING:
-    from sparta_explore.explore.llm.prefix_store import PrefixStore
 
 SAMPLE_STRIDE = 4099  # every this-many-th value of each tensor goes into the model's fingerprint
 
@@ -122,6 +119,16 @@ class PrefixEntry:
                    {name: replace(r, weight=weights[name]) for name, r in results.items()})
 
 
+class EntryStore(Protocol):
+    """Where a cache's entries also go and misses are looked up (`prefix_store.PrefixStore`: files)."""
+
+    def load(self, key: str) -> PrefixEntry | None:
+        """The entry kept under `key`, or None."""
+
+    def save(self, key: str, entry: PrefixEntry) -> object:
+        """Keep `entry` under `key`."""
+
+
 class CalibrationCache:
     """Prefix entries by key, least recently used dropped beyond `max_bytes`; counts what it saved. With a
     `store`, entries are written to it too and misses read from it.
@@ -131,7 +138,7 @@ class CalibrationCache:
         True
     """
 
-    def __init__(self, max_bytes: int = 3 << 30, store: PrefixStore | None = None) -> None:
+    def __init__(self, max_bytes: int = 3 << 30, store: EntryStore | None = None) -> None:
         if max_bytes < 0:
             raise ConfigError(f"CalibrationCache: max_bytes must be >= 0, got {max_bytes}")
         self.max_bytes, self.store = int(max_bytes), store
