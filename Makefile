@@ -33,7 +33,7 @@ demo: $(STAMP)
 # server where root apt-get can (its service not started); elsewhere that test skips, saying why.
 test: $(STAMP)
 	.ci/install-sshd
-	$(BIN)/python -m pytest -q -m "not slow" -n 2 --dist loadgroup --durations=25
+	$(BIN)/python -m pytest -q -m "not slow" -n 2 --durations=25
 
 test-slow: $(STAMP)
 	.ci/install-sshd

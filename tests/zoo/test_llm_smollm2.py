@@ -17,8 +17,6 @@ from sparta_explore.zoo.llm import ModelFilesError, load_smollm2, perplexity, te
 from sparta_explore.zoo.llm.smollm2 import NUM_LAYERS
 from sparta_explore.zoo.llm.workloads import llama_decoder_linears
 
-# one worker runs the module (make test: --dist loadgroup), so the model loads once, not once a worker
-pytestmark = pytest.mark.xdist_group("smollm2")
 REFERENCE_PPL_16 = 14.80  # de-quantized float32 SmolLM2-135M, 16 evaluation windows of 512 tokens (CPython 3.11.7)
 
 
