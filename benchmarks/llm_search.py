@@ -3,8 +3,9 @@
 1. `llm_search` (sparta_explore.explore.llm): `--trials` points per guide and seed, each compressed in
    one calibration pass (`--calib-windows`), scored on `--eval-windows` windows, decode timed through
    the compiled step; rows go to the shared `--log` (a rerun reads them back instead of running again).
-2. The front of each search (perplexity against measured decode tokens/s) is compressed again and
-   scored on `--final-windows` windows of 512 tokens, and its decode timed again, beside the dense model.
+2. The front of each guide over its seeds (perplexity against decode speed relative to the model as given,
+   timed beside each trial) is compressed again and scored on `--final-windows` windows of 512 tokens, and
+   its decode timed again, beside the dense model.
 3. llama.cpp (`--peer-python`, its own venv) re-quantizes the same GGUF to each `--peer-types` type and
    scores the same windows, then prefill and decode of the same 128-token prompt at the same threads.
 
@@ -13,7 +14,7 @@ dominates it (perplexity at most the type's and decode tokens/s at least the typ
 as CSV and the Pareto plot as PNG (`--out`).
 
     .venv/bin/python benchmarks/llm_search.py --peer-python .venv-llm-peer/bin/python \
-        [--trials 24] [--guides latency] [--seeds 0] [--bands 3] [--eval-windows 4] [--calib-windows 8] \
+        [--trials 24] [--guides latency] [--seeds 0] [--startup 8] [--bands 3] [--eval-windows 4] [--calib-windows 8] \
         [--final-windows 16] [--new 16] [--repeats 7] [--threads 2] [--log results/llm/trials.jsonl] \
         [--out docs/benchmarks/llm_search]
 """
@@ -45,15 +46,14 @@ from sparta_explore.zoo.llm import cut_windows, load_smollm2_tokenizer, smollm2_
 SEQ_LEN, PROMPT_LEN = 512, 128
 
 
-def front(rows: pd.DataFrame) -> pd.DataFrame:
-    """The rows no other row beats on both perplexity (lower) and decode tokens/s (higher), fastest first.
+def front(rows: pd.DataFrame, speed: str = "decode_tok_s") -> pd.DataFrame:
+    """The rows no other row beats on both perplexity (lower) and `speed` (higher), fastest first.
 
     Example:
         >>> front(pd.DataFrame({"perplexity": [15, 16, 17], "decode_tok_s": [90, 100, 95]})).perplexity.tolist()
         [16, 15]
     """
-    ok = rows.dropna(subset=["perplexity", "decode_tok_s"]).sort_values(["decode_tok_s", "perplexity"],
-                                                                        ascending=[False, True])
+    ok = rows.dropna(subset=["perplexity", speed]).sort_values([speed, "perplexity"], ascending=[False, True])
     best, keep = math.inf, []
     for index, row in ok.iterrows():
         if row["perplexity"] < best:
@@ -143,6 +143,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--trials", type=int, default=24)
     p.add_argument("--guides", nargs="+", choices=list(GUIDES), default=["latency"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
+    p.add_argument("--startup", type=int, default=8, help="random points after the anchors (llm_protocol uses 6)")
     search_arguments(p)
     p.add_argument("--final-windows", type=int, default=16)
     p.add_argument("--log", type=Path, default=Path("results/llm/trials.jsonl"))
@@ -161,7 +162,8 @@ def main() -> None:
         for seed in args.seeds:
             log(f"{guide}-guided search, seed {seed}: {args.trials} trials")
             trials.append(llm_search(search, trials=args.trials, log=args.log, guide=guide, seed=seed,
-                                     bands=args.bands, budget=budget, echo=log, cache=cache))
+                                     bands=args.bands, startup=args.startup, budget=budget, echo=log,
+                                     cache=cache))
     trials = pd.concat(trials, ignore_index=True)
     final = smollm2_workload(eval_windows=args.final_windows, calibration_windows=args.calib_windows)
     calib = search.calibration_inputs[0]
@@ -169,12 +171,17 @@ def main() -> None:
     dense = {"name": "dense", "perplexity": final.evaluate(final.dense_model()),
              **decode_timing(final.dense_model(), final.timing_inputs(1)[0], 32, budget)}
     fronts, layers = [], len(search.dense_model().model.layers)
-    for (guide, seed), rows in trials.groupby(["search", "seed"]):
-        for _, row in front(rows).iterrows():
+    # one front per guide over all its seeds' trials, by speed relative to the model as given timed beside each
+    # trial (absolute tokens/s drift between trials run hours apart)
+    for guide, rows in trials.groupby("search"):
+        pooled = front(rows.assign(relative_speed=1 / rows["latency_ratio"]), speed="relative_speed")
+        for _, row in pooled.drop_duplicates("key").iterrows():
             params = {k: row[k] for k in LLMPoint.from_dict({}, layers=layers, bands=args.bands).to_dict()}
-            log(f"{guide} front: re-scoring trial {row['trial']} ({row['perplexity']:.3f} on {args.eval_windows})")
-            fronts.append({"name": f"{guide}/{seed}/t{row['trial']}", "search": guide, "seed": seed,
+            log(f"{guide} front: re-scoring seed {row['seed']} trial {row['trial']} ({row['perplexity']:.3f} on "
+                f"{args.eval_windows}, latency ratio {row['latency_ratio']:.3f})")
+            fronts.append({"name": f"{guide}/{row['seed']}/t{row['trial']}", "search": guide, "seed": row["seed"],
                            "trial": row["trial"], "search_perplexity": row["perplexity"],
+                           "search_latency_ratio": row["latency_ratio"],
                            **rescore(params, final, calib, budget, args.bands, cache), **params})
     fronts = pd.DataFrame(fronts)
     ladder = pd.DataFrame()
@@ -195,7 +202,8 @@ def main() -> None:
     print(trials[[c for c in shown if c in trials]].round(3).to_string(index=False))
     print(f"\ndense: ppl {dense['perplexity']:.3f} on {args.final_windows} windows, "
           f"{dense['decode_tok_s']:.1f} tok/s, prefill {dense['prefill_ms']:.0f} ms")
-    print(fronts[["name", "search_perplexity", "perplexity", "decode_tok_s", "prefill_ms", "mb_token"]]
+    print(fronts[["name", "search_perplexity", "search_latency_ratio", "perplexity", "decode_tok_s", "prefill_ms",
+                  "mb_token"]]
           .round(3).to_string(index=False))
     if len(ladder):
         print(ladder.round(3).to_string(index=False))

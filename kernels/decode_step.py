@@ -22,14 +22,13 @@ import torch
 
 from sparta_explore.kernels.build import BuiltLibrary, build, cpu_flags
 from sparta_explore.kernels.c_templates import c_text
-from sparta_explore.kernels.packed_weights import PackedWeight, converts_halves
+from sparta_explore.kernels.packed_weights import TILE, PackedWeight, converts_halves
 
 MAX_BATCH = 8  # sequences (rows) one call decodes; the C file's MAX_BATCH
 RUN = 32  # columns per int8 activation grid; the C file's QBLOCK
 FMT_CODES = {"f32": 0, "u8": 1, "u4": 2}  # decode_rows.c's F32, U8, U4
 TILE_CODES = {"u8": 5, "u4": 6}  # X8, X4: the codes in tiles of TILE rows
 HALF_CODES = {1: 4, 2: 3, 5: 7, 6: 8}  # a layout's code -> the same with float16 grids (U8H, U4H, X8H, X4H)
-TILE = 8  # weight rows a tile holds (the C file's TILE)
 NEEDS = ("avx2", "fma")
 _ptr = ctypes.c_void_p
 
@@ -83,26 +82,6 @@ def _address(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def tiled(codes: torch.Tensor, fmt: str) -> torch.Tensor:
-    """(n, k) codes (uint8, below 16 for "u4"; k a multiple of 32) of layout `fmt`, in decode_rows.c's tiles
-    (`tile_int8`): rows in tiles of `TILE` (the last padded with zero codes); per tile and 32-column run, chunk c
-    of 4 columns as 32 bytes, row i's four at 4i. "u8" codes are stored as code - 128; "u4" chunks c and c + 4
-    share bytes (low, high nibble).
-
-    Example:
-        >>> tiled(torch.arange(32, dtype=torch.uint8).expand(8, 32) % 16, "u4")[:8].tolist()
-        [0, 17, 34, 51, 0, 17, 34, 51]
-    """
-    n, k = codes.shape
-    padded = torch.zeros(-(-n // TILE) * TILE, k, dtype=torch.int16)
-    padded[:n] = codes.to(torch.int16)
-    # (tile, row, run, chunk, column) -> (tile, run, chunk, row, column)
-    chunks = padded.reshape(-1, TILE, k // RUN, 8, 4).permute(0, 2, 3, 1, 4)
-    if fmt == "u8":
-        return (chunks - 128).to(torch.int8).contiguous().reshape(-1)
-    return (chunks[:, :, :4] | (chunks[:, :, 4:] << 4)).to(torch.uint8).contiguous().reshape(-1)
-
-
 def _tile_grids(scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     # per tile: its groups' TILE scales, then its groups' TILE offsets (zero for padded rows)
     n, groups = scale.shape
@@ -114,8 +93,9 @@ def _tile_grids(scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
 def mat_of(packed: PackedWeight, bias: torch.Tensor | None = None, tiles: bool = False
            ) -> tuple[Mat, tuple[torch.Tensor, ...]]:
     """The C view of `packed` (with `bias`), and the tensors it points into (keep them alive with it). `tiles`:
-    codes in tiles of 8 rows (`tiled`), the layout int8 activations run fastest on (and only they: the float
-    kernels read rows); a weight without codes or whole 32-column runs keeps its rows.
+    codes in tiles of `TILE` rows (`PackedWeight.to_tiles`), the layout int8 activations run fastest on (and only
+    they: the float kernels read rows); a weight without codes or whole 32-column runs keeps its rows. `packed`
+    in the other layout is converted (pass it in the layout asked for to convert nothing).
 
     Example:
         >>> mat, keep = mat_of(pack_weight(torch.ones(2, 8)))    # doctest: +SKIP
@@ -127,9 +107,9 @@ def mat_of(packed: PackedWeight, bias: torch.Tensor | None = None, tiles: bool =
         scale, offset = packed.scale.float(), packed.offset.float()
         if packed.fmt == "u8":  # u8 codes are stored as code - 128: the offset takes the 128 back
             offset = offset + 128 * scale
-        tiles = tiles and packed.k % RUN == 0
-        if tiles:
-            data, code = tiled(packed.codes(), packed.fmt), TILE_CODES[packed.fmt]
+        tiles = tiles and packed.can_tile
+        packed = packed.to_tiles() if tiles else packed.to_rows()
+        data, code = packed.data, (TILE_CODES if tiles else FMT_CODES)[packed.fmt]
         grid = _tile_grids(scale, offset) if tiles else torch.cat([scale, offset], dim=1).contiguous()
         half = grid.half()
         # float16 where the grids are (and the 128 moved into the offset kept them so) and the CPU converts

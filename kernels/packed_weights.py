@@ -13,7 +13,10 @@ Layouts the decode kernels read (`templates/decode_step.c`):
 * `u8`: one signed byte a column, the code - 128 (signed bytes meet int8 activations in
   `vpmaddubsw` through the sign trick), rows of a multiple of 32 columns;
 * `u4`: 32 bytes a run of 64 columns, byte j holding column j (low nibble) and j + 32 (high),
-  so a mask and a shift give 32 consecutive columns' codes in order.
+  so a mask and a shift give 32 consecutive columns' codes in order;
+* either in tiles (`PackedWeight.to_tiles`, `tiled`), the layout int8 activations read: rows in
+  tiles of `TILE`, each 4-column chunk of a tile's rows one 32-byte vector (row i's four at 4i).
+  A weight is held in one layout at a time; `codes()` reads either.
 
 Both keep a (scale, offset) pair per group of a multiple of 32 columns (or one per row), in
 float16 where every value still lands within `TOLERANCE` of the weight (a GGUF's Q4_1 and Q8_0
@@ -32,7 +35,7 @@ Example:
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -44,12 +47,15 @@ TRIES = ((4, None), (4, 128), (4, 64), (4, 32), (8, None), (8, 128), (8, 64), (8
 SAMPLE_ROWS = 8  # rows a grid is tried on before the whole weight (a float weight fails them at once)
 STEP_FRACTIONS = (1, 2, 3, 4)  # the smallest gap may be several steps when levels are skipped
 TOLERANCE = 1e-4  # of a group's largest magnitude: fp32 rounding of scale * (q - zero) stays far below
+TILE = 8  # weight rows a tile holds (decode_rows.c's TILE)
+TILE_RUN = 32  # columns a tile's run spans: 8 chunks of 4 (decode_rows.c's QBLOCK)
 
 
 @dataclass(frozen=True)
 class PackedWeight:
     """One (n, k) weight in a decode layout: `fmt` in FORMATS, `bits` (32 for f32), `group` columns per
-    (scale, offset); `data` is the f32 rows or the codes, `scale` / `offset` (n, groups), float32 or float16."""
+    (scale, offset); `data` is the f32 rows or the codes (in rows, or in tiles of `TILE` rows when `tiles`),
+    `scale` / `offset` (n, groups), float32 or float16."""
 
     fmt: str
     n: int
@@ -59,6 +65,35 @@ class PackedWeight:
     data: torch.Tensor
     scale: torch.Tensor | None = None
     offset: torch.Tensor | None = None
+    tiles: bool = False
+
+    @property
+    def can_tile(self) -> bool:
+        """Whether the codes can be held in tiles: a quantized weight of whole 32-column runs."""
+        return self.fmt != "f32" and self.k % TILE_RUN == 0
+
+    def to_tiles(self) -> PackedWeight:
+        """The same weight with its codes in tiles of `TILE` rows (`tiled`); itself if already so or `can_tile`
+        is false.
+
+        Example:
+            >>> w = pack_weight(torch.arange(64.0).expand(8, 64) % 16)
+            >>> w.to_tiles().tiles, torch.equal(w.to_tiles().dequantize(), w.dequantize())
+            (True, True)
+        """
+        if self.tiles or not self.can_tile:
+            return self
+        return replace(self, data=tiled(self.codes(), self.fmt), tiles=True)
+
+    def to_rows(self) -> PackedWeight:
+        """The same weight with its codes in rows (`fmt`'s layout); itself if already so.
+
+        Example:
+            >>> w = pack_weight(torch.arange(64.0).expand(8, 64) % 16)
+            >>> torch.equal(w.to_tiles().to_rows().data, w.data)
+            True
+        """
+        return replace(self, data=_pack(self.codes(), self.fmt), tiles=False) if self.tiles else self
 
     @property
     def groups(self) -> int:
@@ -80,6 +115,8 @@ class PackedWeight:
         """The integer codes (n, k) as uint8 (0 .. 2^bits - 1), unpacked from the layout; an f32 weight has none."""
         if self.fmt == "f32":
             raise ValueError("an f32 weight has no codes")
+        if self.tiles:
+            return untiled(self.data, self.fmt, self.n, self.k)
         if self.fmt == "u8":
             return (self.data.to(torch.int16) + 128).to(torch.uint8)
         runs = self.data.reshape(self.n, self.k // 64, 32)
@@ -96,6 +133,44 @@ class PackedWeight:
             return self.data
         per_column = torch.arange(self.k) // self.group
         return self.scale.float()[:, per_column] * self.codes().float() + self.offset.float()[:, per_column]
+
+
+def tiled(codes: torch.Tensor, fmt: str) -> torch.Tensor:
+    """(n, k) codes (uint8, below 16 for "u4"; k a multiple of 32) of layout `fmt`, in decode_rows.c's tiles
+    (`tile_int8`): rows in tiles of `TILE` (the last padded with zero codes); per tile and 32-column run, chunk c
+    of 4 columns as 32 bytes, row i's four at 4i. "u8" codes are stored as code - 128; "u4" chunks c and c + 4
+    share bytes (low, high nibble).
+
+    Example:
+        >>> tiled(torch.arange(32, dtype=torch.uint8).expand(8, 32) % 16, "u4")[:8].tolist()
+        [0, 17, 34, 51, 0, 17, 34, 51]
+    """
+    n, k = codes.shape
+    padded = torch.zeros(-(-n // TILE) * TILE, k, dtype=torch.int16)
+    padded[:n] = codes.to(torch.int16)
+    # (tile, row, run, chunk, column) -> (tile, run, chunk, row, column)
+    chunks = padded.reshape(-1, TILE, k // TILE_RUN, 8, 4).permute(0, 2, 3, 1, 4)
+    if fmt == "u8":
+        return (chunks - 128).to(torch.int8).contiguous().reshape(-1)
+    return (chunks[:, :, :4] | (chunks[:, :, 4:] << 4)).to(torch.uint8).contiguous().reshape(-1)
+
+
+def untiled(data: torch.Tensor, fmt: str, n: int, k: int) -> torch.Tensor:
+    """The (n, k) uint8 codes that `tiled(codes, fmt)` laid out as `data`.
+
+    Example:
+        >>> codes = torch.randint(0, 16, (9, 64), dtype=torch.uint8)
+        >>> torch.equal(untiled(tiled(codes, "u4"), "u4", 9, 64), codes)
+        True
+    """
+    tiles, runs = -(-n // TILE), k // TILE_RUN
+    if fmt == "u8":
+        chunks = data.to(torch.int16).reshape(tiles, runs, 8, TILE, 4) + 128
+    else:
+        packed = data.reshape(tiles, runs, 4, TILE, 4)
+        chunks = torch.cat([packed & 15, packed >> 4], dim=2)
+    # (tile, run, chunk, row, column) -> (tile, row, run, chunk, column)
+    return chunks.permute(0, 3, 1, 2, 4).reshape(tiles * TILE, k)[:n].to(torch.uint8).contiguous()
 
 
 def _group_view(w: torch.Tensor, group: int) -> torch.Tensor:

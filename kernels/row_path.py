@@ -32,7 +32,7 @@ import torch
 
 from sparta_explore.fake_quant import fake_quantize_rows
 from sparta_explore.kernels.build import compiler_available
-from sparta_explore.kernels.decode_step import MAX_BATCH, RUN, library, mat_of, why_no_kernels
+from sparta_explore.kernels.decode_step import MAX_BATCH, library, mat_of, why_no_kernels
 from sparta_explore.kernels.packed_weights import PackedWeight, pack_weight
 
 FP32_BITS = 32
@@ -59,7 +59,9 @@ class RowPath:
         self.act_bits = int(act_bits)
         # integer codes meet integer inputs where the weight has codes and whole 32-column runs; else the input is
         # rounded in torch and meets the float32 rows
-        self.int_inputs = self.act_bits != FP32_BITS and self.packed.fmt != "f32" and self.packed.k % RUN == 0
+        self.int_inputs = self.act_bits != FP32_BITS and self.packed.can_tile
+        if self.int_inputs:  # held in tiles only: the layout the int8 kernels read
+            self.packed = self.packed.to_tiles()
         self.up_to = int(up_to)
         self._bound: tuple | None = None
 

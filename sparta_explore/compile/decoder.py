@@ -211,8 +211,10 @@ class CompiledDecoder:
 
     def _mat(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> Mat:
         packed = self.packed.get(name) or pack_weight(weight.detach(), bits=None if self.pack else 32)
+        # held in the one layout its kernels read (int8 inputs: tiles of rows), not in both
+        packed = packed.to_tiles() if self.act_bits == 8 else packed.to_rows()
         self.packed[name] = packed
-        mat, keep = mat_of(packed, bias, tiles=self.act_bits == 8)  # int8 inputs read tiles of rows
+        mat, keep = mat_of(packed, bias, tiles=self.act_bits == 8)
         self._keep.extend(keep)
         return mat
 

@@ -162,6 +162,15 @@ def test_int8_activations_compute_the_model_with_rounded_inputs(tiny_llama, whic
     for g, w in zip(got, want):
         assert float((g - w).abs().max()) <= 1e-4 * float(w.abs().max())
     assert not torch.allclose(got[-1], exact, atol=1e-4)  # the rounding is there, and the hooks are gone
+    if which == "4-bit, grouped heads":  # int8 inputs read tiles: the decoder holds them and not the rows too
+        codes = [p for p in decoder.packed.values() if p.fmt != "f32"]
+        assert codes and all(p.tiles for p in codes)
+        floats = CompiledDecoder(model, 24, packed=decoder.packed)  # float inputs from them: back to rows
+        assert not any(p.tiles for p in floats.packed.values())
+        floats.reset(2)
+        with torch.no_grad():
+            assert torch.allclose(floats.prefill(ids[:, :6]), model(ids[:, :6]).logits[:, -1], atol=1e-4)
+            assert torch.allclose(floats.step(ids[:, 6], 6), model(ids[:, :7]).logits[:, -1], atol=1e-4)
 
 
 @pytest.mark.parametrize("head_bits", [8, 4])

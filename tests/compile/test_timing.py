@@ -61,13 +61,14 @@ def test_first_calls_already_far_apart_settle_after_one_agreeing_round():
 
 
 def test_exact_first_calls_four_times_apart_settle_without_a_call():
-    dense, fast = Sleeper(0.02), Sleeper(0.004)
-    ms = timing.alternating_ms(fake_graph(), [dense, fast], runs=20, settle=True, warm={0: 0.02, 1: 0.004},
+    # tenths of a second, so that a loaded machine's late wake-ups (a few ms) cannot move a ratio past a margin
+    dense, fast = Sleeper(0.1), Sleeper(0.02)
+    ms = timing.alternating_ms(fake_graph(), [dense, fast], runs=20, settle=True, warm={0: 0.1, 1: 0.02},
                                warm_exact=True)
-    assert dense.calls == fast.calls == 0 and ms == pytest.approx([20.0, 4.0])  # the first calls are the figures
-    near = Sleeper(0.008)  # 0.4 of dense's call, not a third: the agreeing round still runs
-    timing.alternating_ms(fake_graph(), [dense, near], runs=20, settle=True, warm={0: 0.02, 1: 0.008},
+    assert dense.calls == fast.calls == 0 and ms == pytest.approx([100.0, 20.0])  # the first calls are the figures
+    near = Sleeper(0.04)  # 0.4 of dense's call, not a third: the agreeing round still runs
+    timing.alternating_ms(fake_graph(), [dense, near], runs=20, settle=True, warm={0: 0.1, 1: 0.04},
                           warm_exact=True)
     assert dense.calls == near.calls == 1
-    timing.alternating_ms(fake_graph(), [dense, fast], runs=20, settle=True, warm={0: 0.02, 1: 0.004})
+    timing.alternating_ms(fake_graph(), [dense, fast], runs=20, settle=True, warm={0: 0.1, 1: 0.02})
     assert fast.calls == 1  # a stand-in's first call (not exact): one agreeing round

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from sparta_explore.fake_quant import fake_quantize_rows
-from sparta_explore.kernels.packed_weights import pack_weight, recover_grid
+from sparta_explore.kernels.packed_weights import TILE, pack_weight, recover_grid, tiled, untiled
 from sparta_explore.oneshot.grid import QuantSpec, round_to_grids
 
 from .gguf_weights import gguf_like
@@ -52,6 +52,28 @@ def test_recover_grid_names_the_step_and_offset():
     codes, scale, offset = recover_grid(torch.tensor([[-0.5, 0.0, 1.0, 1.0]]), 2, 4)
     assert codes.tolist() == [[0, 1, 3, 3]] and scale.tolist() == [[0.5]] and offset.tolist() == [[-0.5]]
     assert recover_grid(torch.tensor([[0.0, 0.1, 0.25, 1.0]]), 2, 4) is None
+
+
+@pytest.mark.parametrize("bits, n, k, fmt", [(4, 13, 64, "u4"), (3, 8, 192, "u4"), (8, 21, 96, "u8"),
+                                             (4, 1, 32 * 3, "u8"), (8, 16, 32, "u8")])
+def test_tiles_hold_the_same_codes_and_convert_back_exactly(bits, n, k, fmt):
+    w = on_grids(torch.randn(n, k, generator=torch.Generator().manual_seed(n + k)), bits, 32)
+    w[0] = 0.0  # an empty row
+    rows = pack_weight(w)
+    assert rows.fmt == fmt and not rows.tiles and rows.can_tile
+    tiles = rows.to_tiles()
+    assert tiles.tiles and tiles.to_tiles() is tiles and rows.to_rows() is rows
+    assert torch.equal(tiles.codes(), rows.codes()) and torch.equal(tiles.dequantize(), rows.dequantize())
+    assert torch.equal(tiles.to_rows().data, rows.data)
+    padded = -(-n // TILE) * TILE  # the last tile's missing rows are zero codes the step reads too
+    assert tiles.nbytes - rows.nbytes == (padded - n) * k // (2 if fmt == "u4" else 1)
+    codes = torch.randint(0, 16 if fmt == "u4" else 256, (n, k), dtype=torch.uint8)
+    assert torch.equal(untiled(tiled(codes, fmt), fmt, n, k), codes)
+
+
+def test_float32_rows_do_not_tile():
+    f32 = pack_weight(torch.randn(8, 64))
+    assert not f32.can_tile and f32.to_tiles() is f32 and f32.to_rows() is f32
 
 
 def test_bytes_count_codes_and_grids():

@@ -48,7 +48,7 @@ from sparta_explore.compile.package.reading import OpenedPackage, checked_exampl
 from sparta_explore.compile.package.tensors import TensorStore
 from sparta_explore.compile.record import CompileRecord
 from sparta_explore.errors import PackageError
-from sparta_explore.kernels.packed_weights import FORMATS, PackedWeight, pack_weight
+from sparta_explore.kernels.packed_weights import FORMATS, TILE, PackedWeight, pack_weight
 from sparta_explore.tracing.kv_cache import kv_cache_off
 
 KIND = "decoder"
@@ -77,7 +77,8 @@ def _run(model: nn.Module, act_bits: int):
 
 def _packed_record(store: TensorStore, packed: PackedWeight) -> dict[str, Any]:
     tensors = {f: store.add(getattr(packed, f)) for f in _FIELDS if getattr(packed, f) is not None}
-    return {"fmt": packed.fmt, "n": packed.n, "k": packed.k, "bits": packed.bits, "group": packed.group, **tensors}
+    return {"fmt": packed.fmt, "n": packed.n, "k": packed.k, "bits": packed.bits, "group": packed.group,
+            "tiles": packed.tiles, **tensors}
 
 
 def _put_weights(model: nn.Module, packed: Mapping[str, PackedWeight]) -> None:
@@ -136,7 +137,9 @@ def save_decoder(model: nn.Module, path: Path, *, act_bits: int = 32, example_id
         held.add("model.embed_tokens.weight")
     store = TensorStore()
     state = {name: store.add(t) for name, t in model.state_dict().items() if name not in held}
-    records = {name: _packed_record(store, p) for name, p in packed.items()}
+    # in the layout its activation width reads (int8: tiles), so a load decodes without re-laying a weight
+    records = {name: _packed_record(store, p.to_tiles() if act_bits == 8 else p.to_rows())
+               for name, p in packed.items()}
     ids = example_ids if example_ids is not None else torch.arange(min(16, model.config.vocab_size))[None]
     example, example_arrays = example_record(_run(as_loaded, act_bits), ((), {"input_ids": ids[:1].clone()}))
     arrays, meta = store.arrays()
@@ -155,11 +158,17 @@ def _packed_weight(opened: OpenedPackage, name: str, record: Mapping[str, Any]) 
     try:
         fields = {f: tensors.get(record[f]) if f in record else None for f in _FIELDS}
         p = PackedWeight(str(record["fmt"]), int(record["n"]), int(record["k"]), int(record["bits"]),
-                         int(record["group"]), **fields)
+                         int(record["group"]), **fields, tiles=bool(record.get("tiles", False)))
     except (KeyError, TypeError, ValueError) as e:
         raise PackageError(f"{opened.reader.path}: the packed weight {name!r} is malformed ({e})") from None
-    if p.fmt not in FORMATS or p.data is None:
-        raise PackageError(f"{opened.reader.path}: the packed weight {name!r} has unknown layout {p.fmt!r}")
+    if p.fmt not in FORMATS or p.data is None or p.tiles and not p.can_tile:
+        raise PackageError(f"{opened.reader.path}: the packed weight {name!r} has unknown layout {p.fmt!r}"
+                           + (" in tiles" if p.tiles else ""))
+    rows = -(-p.n // TILE) * TILE if p.tiles else p.n
+    want = rows * p.k // (2 if p.fmt == "u4" else 1)
+    if p.data.numel() != want:
+        raise PackageError(f"{opened.reader.path}: the packed weight {name!r} holds {p.data.numel()} values, its "
+                           f"layout ({p.fmt}, {p.n} x {p.k}{', tiles' if p.tiles else ''}) takes {want}")
     return p
 
 

@@ -1,6 +1,7 @@
 """An LLM search trial exported as a decoder package: picked from the log, loaded in a fresh process, decoding."""
 
 import copy
+import dataclasses
 import json
 import subprocess
 import sys
@@ -66,12 +67,14 @@ with rounded_inputs(model):
 ids = w.timing_inputs(1)[0][:1, :24]
 step, modules = se.generate(model, ids, 16), se.generate(model, ids, 16, compiled=False)
 print(json.dumps({{"ppl": ppl, "act_bits": settings.act_bits, "same": bool(torch.equal(step, modules)),
-                  "meta": settings.loaded["manifest"]["metadata"], "tokens": step.tolist()}}))
+                  "meta": settings.loaded["manifest"]["metadata"], "tokens": step.tolist(),
+                  "tiles": all(p.tiles for p in settings.packed.values() if p.can_tile)}}))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["act_bits"] == 8 and got["same"]  # the step's tokens are the rounded model's
+    assert got["tiles"]  # an int8 package holds its codes in the tiles the int8 step reads
     meta = got["meta"]
     assert meta["trial"]["point_key"] == key and meta["trial"]["point"]["bits@mlp.0"] == 4
     assert got["ppl"] == pytest.approx(meta["export"]["perplexity"], rel=1e-6)  # what was measured is what loads
@@ -99,6 +102,25 @@ def test_the_package_is_smaller_than_the_float_model_and_loads_into_a_given_mode
     ids = workload.timing_inputs(1)[0][:1, :16]
     with torch.no_grad():
         assert torch.allclose(loaded(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_a_packed_weight_of_the_wrong_size_is_named_at_load(workload, tmp_path, monkeypatch):
+    from sparta_explore.compile.package import decoder_form
+    from sparta_explore.errors import PackageError
+
+    model = copy.deepcopy(workload.dense_model())
+    compress_llm(model, LLMPoint.from_dict({"bits@mlp.0": 4}, layers=2, bands=1), workload.calibration_inputs[0])
+    record = decoder_form._packed_record
+
+    def short(store, packed):  # a package whose tiles lost their last bytes
+        return record(store, dataclasses.replace(packed, data=packed.data[:-1])) if packed.tiles else \
+            record(store, packed)
+
+    monkeypatch.setattr(decoder_form, "_packed_record", short)
+    path = se.save(model, tmp_path / "short.sparta", act_bits=8)
+    named = r"weight 'model\.layers\.0\.\S+' holds \d+ values, its layout \(u[48], \d+ x \d+, tiles\) takes"
+    with pytest.raises(PackageError, match=named):
+        se.load(path)
 
 
 def test_a_package_refuses_another_architecture_and_save_refuses_what_it_cannot_hold(workload, tmp_path):
