@@ -189,17 +189,20 @@ class TrialLog:
 
     A row is found by the key it was written under, else by its canonical key (`LLMPoint.key`): a point asked
     again with parameters that do not change the model reads the row of the model it makes, while a log whose
-    rows carry every parameter as asked replays each search exactly.
+    rows carry every parameter as asked replays each search exactly. `machine` (a `Machine.key`): `get` reads
+    back only rows measured there (latency is the machine's; a log moved to another CPU or thread count measures
+    again, and keeps both); None: any row.
 
     Example:
-        >>> log = TrialLog("results/llm/trials.jsonl")  # doctest: +SKIP
+        >>> log = TrialLog("results/llm/trials.jsonl", machine=this_machine(2).key)  # doctest: +SKIP
         >>> log.get(point) or log.add(run_llm_trial(point, workload))  # doctest: +SKIP
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, machine: str | None = None) -> None:
         self.path = Path(path)
-        self.rows: dict[str, dict[str, Any]] = {}
-        self.by_model: dict[str, dict[str, Any]] = {}  # canonical key -> the first row of that model
+        self.machine = machine
+        self.rows: dict[str, dict[str, Any]] = {}  # key as written -> the row (the last, if several machines ran it)
+        self._found: dict[tuple[str, str], dict[str, Any]] = {}  # ("asked" | "model", key) -> first row found so
         if self.path.exists():
             for n, line in enumerate(self.path.read_text().splitlines(), 1):
                 if not line.strip():
@@ -211,12 +214,15 @@ class TrialLog:
                     raise ConfigError(f"{self.path}:{n} is not a trial row (JSON with a point's 'key')") from None
 
     def _index(self, row: dict[str, Any]) -> None:
+        canonical = LLMPoint.from_key(row["key"]).key()
         self.rows[row["key"]] = row
-        self.by_model.setdefault(LLMPoint.from_key(row["key"]).key(), row)
+        if self.machine is None or row.get("machine") == self.machine:
+            self._found.setdefault(("asked", row["key"]), row)
+            self._found.setdefault(("model", canonical), row)
 
     def get(self, point: LLMPoint) -> dict[str, Any] | None:
-        """The row of `point` if it, or a point making the same model, ran before."""
-        return self.rows.get(point.asked_key()) or self.by_model.get(point.key())
+        """The row of `point` if it, or a point making the same model, ran before (on `machine`, if given)."""
+        return self._found.get(("asked", point.asked_key())) or self._found.get(("model", point.key()))
 
     def add(self, row: dict[str, Any]) -> dict[str, Any]:
         """Append `row` (one line, flushed before returning) and return it."""

@@ -120,3 +120,24 @@ def test_a_log_finds_rows_by_the_key_they_were_written_under_then_by_the_model(t
     third = LLMPoint.from_dict({"group@mlp.0": 128, "act_bits": 8, "compressor": "sparsegpt"}, layers=2, bands=1)
     assert reread.get(third)["quality"] == 0.9  # asked afresh: the model's first row
     assert reread.get(LLMPoint.from_dict({"act_bits": 32}, layers=2, bands=1)) is None
+
+
+def test_a_log_reads_back_only_the_rows_timed_on_the_machine_asked_for(tmp_path):
+    point = LLMPoint.from_dict({"bits@mlp.0": 4, "act_bits": 8}, layers=2, bands=1)
+    log = TrialLog(tmp_path / "t.jsonl", machine="avx2-2t")
+    log.add({"key": point.key(), "machine": "avx2-2t", "latency_ratio": 0.7})
+    log.add({"key": point.key(), "machine": "vnni-2t", "latency_ratio": 0.5})  # the same point on another CPU
+    assert TrialLog(tmp_path / "t.jsonl", machine="vnni-2t").get(point)["latency_ratio"] == 0.5
+    assert TrialLog(tmp_path / "t.jsonl", machine="avx2-2t").get(point)["latency_ratio"] == 0.7
+    assert TrialLog(tmp_path / "t.jsonl", machine="avx2-1t").get(point) is None  # measured again there
+    assert TrialLog(tmp_path / "t.jsonl").get(point)["latency_ratio"] == 0.7  # any machine: the first row
+    assert len(TrialLog(tmp_path / "t.jsonl", machine="avx2-1t").rows) == 1  # rows by key: the last written
+
+
+def test_a_search_times_again_what_another_machine_logged(workload, tmp_path):
+    log = tmp_path / "t.jsonl"
+    first = llm_search(workload, trials=1, log=log, bands=1, budget=BUDGET)
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    log.write_text("".join(json.dumps({**r, "machine": "elsewhere"}) + "\n" for r in rows))
+    again = llm_search(workload, trials=1, log=log, bands=1, budget=BUDGET)
+    assert len(log.read_text().splitlines()) == 2 and again["machine"][0] == first["machine"][0] != "elsewhere"
