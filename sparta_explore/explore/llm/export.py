@@ -44,6 +44,7 @@ from sparta_explore.errors import ConfigError
 from sparta_explore.explore.llm.compress import compress_llm
 from sparta_explore.explore.llm.space import GLOBAL_KEYS, LLMPoint
 from sparta_explore.explore.llm.trial import TrialBudget, TrialLog, paired_timing, perplexity_of
+from sparta_explore.machine import this_machine
 from sparta_explore.workload import Workload
 
 PERPLEXITY_TOLERANCE = 1e-3
@@ -81,16 +82,17 @@ def trial_id(point_key: str) -> str:
     return hashlib.sha1(point_key.encode()).hexdigest()[:12]
 
 
-def llm_trials(path: str | os.PathLike) -> pd.DataFrame:
+def llm_trials(path: str | os.PathLike, machine: str | None = None) -> pd.DataFrame:
     """The rows of an LLM trial log (JSON lines) in the columns `pick_trial` reads: ``key`` a short id of the point
     (`trial_id`; the log's own key, the point as JSON, is ``point_key``), ``latency_ms`` the decode ms a token,
     ``accuracy`` the perplexity (lower is better), ``params_json`` the point; no ``score``, so ``--best`` alone
-    picks the fastest and ``--min-accuracy`` is a perplexity ceiling.
+    picks the fastest and ``--min-accuracy`` is a perplexity ceiling. Where the log holds rows timed on `machine`
+    (a `Machine.key`; default this one), only those: milliseconds of different CPUs do not compare.
 
     Example:
         >>> llm_trials("results/llm/trials.jsonl")[["key", "accuracy", "latency_ms"]]   # doctest: +SKIP
     """
-    rows = list(TrialLog(path).rows.values())
+    rows = TrialLog(path, machine=machine or this_machine().key).measured() or list(TrialLog(path).rows.values())
     df = pd.DataFrame(rows)
     if df.empty:
         return df

@@ -190,8 +190,8 @@ class TrialLog:
     A row is found by the key it was written under, else by its canonical key (`LLMPoint.key`): a point asked
     again with parameters that do not change the model reads the row of the model it makes, while a log whose
     rows carry every parameter as asked replays each search exactly. `machine` (a `Machine.key`): `get` reads
-    back only rows measured there (latency is the machine's; a log moved to another CPU or thread count measures
-    again, and keeps both); None: any row.
+    back only rows measured there, and failed points (latency is the machine's; a log moved to another CPU or
+    thread count measures again, and keeps both); None: any row.
 
     Example:
         >>> log = TrialLog("results/llm/trials.jsonl", machine=this_machine(2).key)  # doctest: +SKIP
@@ -216,13 +216,23 @@ class TrialLog:
     def _index(self, row: dict[str, Any]) -> None:
         canonical = LLMPoint.from_key(row["key"]).key()
         self.rows[row["key"]] = row
-        if self.machine is None or row.get("machine") == self.machine:
+        # a point the compressors could not make (an error, no measures) fails on every machine
+        if self.machine is None or row.get("machine") == self.machine or row.get("error"):
             self._found.setdefault(("asked", row["key"]), row)
             self._found.setdefault(("model", canonical), row)
 
     def get(self, point: LLMPoint) -> dict[str, Any] | None:
         """The row of `point` if it, or a point making the same model, ran before (on `machine`, if given)."""
         return self._found.get(("asked", point.asked_key())) or self._found.get(("model", point.key()))
+
+    def measured(self) -> list[dict[str, Any]]:
+        """The rows timed on `machine` (every machine's when None), the first of each key, in log order.
+
+        Example:
+            >>> len(TrialLog("results/llm/trials.jsonl", machine=this_machine(2).key).measured())  # doctest: +SKIP
+            48
+        """
+        return [row for (kind, _), row in self._found.items() if kind == "asked"]
 
     def add(self, row: dict[str, Any]) -> dict[str, Any]:
         """Append `row` (one line, flushed before returning) and return it."""

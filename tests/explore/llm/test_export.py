@@ -148,3 +148,15 @@ def test_pick_reads_a_trial_log_and_a_failed_trial_is_not_exported(log, workload
         point_of_row({"key": "k", "bits@mlp.0": 4}, layers=2)
     with pytest.raises(ConfigError, match="no such LLM trial log"):
         load_trials(tmp_path / "missing.jsonl")
+
+
+def test_a_log_of_several_machines_is_picked_from_this_machines_rows(tmp_path):
+    from sparta_explore.explore.llm.export import llm_trials
+
+    fast_elsewhere = LLMPoint.from_dict({"act_bits": 8}, layers=2, bands=1)
+    here = LLMPoint.from_dict({"act_bits": 32}, layers=2, bands=1)
+    log = TrialLog(tmp_path / "t.jsonl")
+    log.add({"key": fast_elsewhere.key(), "machine": "vnni", "decode_ms": 1.0, "accuracy": 15.0})
+    log.add({"key": here.key(), "machine": "avx2", "decode_ms": 5.0, "accuracy": 15.0})
+    assert llm_trials(tmp_path / "t.jsonl", machine="avx2")["point_key"].tolist() == [here.key()]
+    assert len(llm_trials(tmp_path / "t.jsonl", machine="other")) == 2  # none timed there: every row

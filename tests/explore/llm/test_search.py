@@ -132,6 +132,11 @@ def test_a_log_reads_back_only_the_rows_timed_on_the_machine_asked_for(tmp_path)
     assert TrialLog(tmp_path / "t.jsonl", machine="avx2-1t").get(point) is None  # measured again there
     assert TrialLog(tmp_path / "t.jsonl").get(point)["latency_ratio"] == 0.7  # any machine: the first row
     assert len(TrialLog(tmp_path / "t.jsonl", machine="avx2-1t").rows) == 1  # rows by key: the last written
+    broken = LLMPoint.from_dict({"bits@attn.0": 3}, layers=2, bands=1)
+    log.add({"key": broken.key(), "error": "ValueError: no grid"})  # fails wherever it runs: read back anywhere
+    elsewhere = TrialLog(tmp_path / "t.jsonl", machine="avx2-1t")
+    assert elsewhere.get(broken)["error"] and [r["key"] for r in elsewhere.measured()] == [broken.key()]
+    assert [r.get("latency_ratio") for r in TrialLog(tmp_path / "t.jsonl", machine="vnni-2t").measured()] == [0.5, None]
 
 
 def test_a_search_times_again_what_another_machine_logged(workload, tmp_path):
