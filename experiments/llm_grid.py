@@ -26,7 +26,6 @@ from sparta_explore.explore.llm.nni_trial import llm_workload
 from sparta_explore.explore.llm.prefix import CalibrationCache
 from sparta_explore.explore.llm.space import LLMPoint
 from sparta_explore.explore.llm.trial import TrialBudget, TrialLog, run_llm_trial
-from sparta_explore.machine import this_machine
 
 parser = argparse.ArgumentParser(description="4-bit MLPs by depth band x group x activation width")
 parser.add_argument("--log", type=Path, default=Path("results/llm/grid.jsonl"))
@@ -58,7 +57,7 @@ def point(last: int, group: int, act_bits: int) -> LLMPoint:
 
 
 # %% Run (or read back) every point; the cache carries calibration across points sharing bands
-log, cache, rows = TrialLog(args.log, machine=this_machine(budget.threads or None).key), CalibrationCache(), []
+log, cache, rows = TrialLog(args.log, machine=budget.machine), CalibrationCache(), []
 dense_ppl = workload.evaluate(workload.dense_model())
 for last, group, act_bits in grid:
     p = point(last, group, act_bits)

@@ -44,7 +44,6 @@ from sparta_explore.errors import ConfigError
 from sparta_explore.explore.llm.compress import compress_llm
 from sparta_explore.explore.llm.space import GLOBAL_KEYS, LLMPoint
 from sparta_explore.explore.llm.trial import TrialBudget, TrialLog, paired_timing, perplexity_of
-from sparta_explore.machine import this_machine
 from sparta_explore.workload import Workload
 
 PERPLEXITY_TOLERANCE = 1e-3
@@ -92,7 +91,8 @@ def llm_trials(path: str | os.PathLike, machine: str | None = None) -> pd.DataFr
     Example:
         >>> llm_trials("results/llm/trials.jsonl")[["key", "accuracy", "latency_ms"]]   # doctest: +SKIP
     """
-    rows = TrialLog(path, machine=machine or this_machine().key).measured() or list(TrialLog(path).rows.values())
+    log = TrialLog(path, machine=machine or TrialBudget().machine)
+    rows = log.measured() or list(log.rows.values())
     df = pd.DataFrame(rows)
     if df.empty:
         return df
@@ -166,8 +166,6 @@ def export_llm_trial(row: Mapping[str, Any], out: str | os.PathLike, workload: W
     Example:
         >>> export_llm_trial(row, "pick.sparta", workload).lines()   # doctest: +SKIP
     """
-    from sparta_explore.machine import this_machine
-
     if not math.isfinite(_number(row, "perplexity")) or not math.isfinite(_number(row, "latency_ratio")):
         raise ConfigError(f"trial {row.get('key')} did not finish (its row has no perplexity or latency): "
                           f"nothing to export ({row.get('error') or 'no error recorded'})")
@@ -186,7 +184,7 @@ def export_llm_trial(row: Mapping[str, Any], out: str | os.PathLike, workload: W
     prompt = workload.timing_inputs(1)[0][:1]
     timing, dense_timing = paired_timing([(model, point.act_bits, packed), (dense, 32)], prompt, budget)
     ratio = timing["decode_ms"] / dense_timing["decode_ms"]
-    machine = this_machine(budget.threads or None).key
+    machine = budget.machine
     differences = tuple(_differences(row, perplexity, ratio, machine))
     figures = {"perplexity": perplexity, "decode_tok_s": timing["decode_tok_s"], "prefill_ms": timing["prefill_ms"],
                "latency_ratio": ratio, "dense_decode_tok_s": dense_timing["decode_tok_s"],

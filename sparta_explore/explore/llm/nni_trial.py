@@ -74,20 +74,19 @@ def run(args: argparse.Namespace, nni_params: Mapping[str, object]) -> dict[str,
     from sparta_explore.explore.llm.prefix_store import PrefixStore
     from sparta_explore.explore.llm.space import LLMPoint
     from sparta_explore.explore.llm.trial import TrialBudget, TrialLog, run_llm_trial
-    from sparta_explore.machine import this_machine
 
     workload = llm_workload(args.workload, eval_windows=args.eval_windows,
                             calibration_windows=args.calibration_windows)
     point = LLMPoint.from_dict(nni_params, layers=len(workload.dense_model().model.layers), bands=args.bands)
-    log = TrialLog(args.log, machine=this_machine().key)  # a row timed on another machine is measured again
+    budget = TrialBudget(new=args.new, repeats=args.repeats)
+    log = TrialLog(args.log, machine=budget.machine)  # a row timed on another machine is measured again
     row = log.get(point)
     if row is None:
         if args.prefix_cache_gb < 0:
             raise ConfigError(f"--prefix-cache-gb must be >= 0, got {args.prefix_cache_gb}")
         folder = args.prefix_cache or args.log.parent / "prefix-cache"
         store = PrefixStore(folder, int(args.prefix_cache_gb * 2**30)) if args.prefix_cache_gb > 0 else None
-        row = log.add(run_llm_trial(point, workload, TrialBudget(new=args.new, repeats=args.repeats),
-                                    cache=CalibrationCache(store=store)))
+        row = log.add(run_llm_trial(point, workload, budget, cache=CalibrationCache(store=store)))
     return row
 
 

@@ -34,7 +34,6 @@ from sparta_explore.explore.llm.space import LLMPoint, search_space
 from sparta_explore.explore.llm.trial import TrialBudget, TrialLog, run_llm_trial
 from sparta_explore.explore.search.dimensions import Space
 from sparta_explore.explore.search.pareto_tpe import ParetoTPE, SearchConfig
-from sparta_explore.machine import this_machine
 from sparta_explore.workload import Workload
 
 GUIDES = {"latency": "latency_ratio", "flops": "flops_ratio", "bytes": "bytes_ratio"}
@@ -87,7 +86,7 @@ def llm_search(workload: Workload, *, trials: int, log: str | Path, guide: str =
     space = dict(space if space is not None else search_space(bands))
     layers = len(workload.dense_model().model.layers)
     tpe = ParetoTPE(Space.from_nni(space), SearchConfig(startup=startup, seed=seed))
-    trial_log = TrialLog(log, machine=this_machine(budget.threads or None).key)  # timings are this machine's
+    trial_log = TrialLog(log, machine=budget.machine)  # timings are this machine's
     cache = CalibrationCache() if cache is None else cache
     dense_ppl = None
     rows = []

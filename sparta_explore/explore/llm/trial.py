@@ -68,6 +68,16 @@ class TrialBudget:
         if self.new < 2 or self.repeats < 1:
             raise ConfigError(f"TrialBudget: new >= 2 and repeats >= 1, got new={self.new}, repeats={self.repeats}")
 
+    @property
+    def machine(self) -> str:
+        """The `Machine.key` its trials are timed on: rows are written under it and a `TrialLog` reads them back by it.
+
+        Example:
+            >>> TrialBudget(threads=1).machine == this_machine(1).key
+            True
+        """
+        return this_machine(self.threads or None).key
+
 
 def perplexity_of(workload: Workload, model: nn.Module, act_bits: int) -> float:
     """The workload's metric of `model` with projection inputs as the decode step rounds them."""
@@ -181,7 +191,7 @@ def run_llm_trial(point: LLMPoint, workload: Workload, budget: TrialBudget = Tri
             "bytes_ratio": costs["bytes_token"] / base["bytes_token"], "compress_s": compress_s,
             "blocks_reused": reused, "calibration_windows": int(workload.calibration_inputs[0].shape[0]),
             "wall_s": time.perf_counter() - started, "threads": budget.threads or torch.get_num_threads(),
-            "machine": this_machine(budget.threads or None).key}
+            "machine": budget.machine}
 
 
 class TrialLog:
@@ -194,7 +204,7 @@ class TrialLog:
     thread count measures again, and keeps both); None: any row.
 
     Example:
-        >>> log = TrialLog("results/llm/trials.jsonl", machine=this_machine(2).key)  # doctest: +SKIP
+        >>> log = TrialLog("results/llm/trials.jsonl", machine=TrialBudget(threads=2).machine)  # doctest: +SKIP
         >>> log.get(point) or log.add(run_llm_trial(point, workload))  # doctest: +SKIP
     """
 
@@ -229,7 +239,7 @@ class TrialLog:
         """The rows timed on `machine` (every machine's when None), the first of each key, in log order.
 
         Example:
-            >>> len(TrialLog("results/llm/trials.jsonl", machine=this_machine(2).key).measured())  # doctest: +SKIP
+            >>> len(TrialLog("results/llm/trials.jsonl", machine=TrialBudget().machine).measured())  # doctest: +SKIP
             48
         """
         return [row for (kind, _), row in self._found.items() if kind == "asked"]
