@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Sequence
 
 import torch
 
-from sparta_explore.kernels.build import BuiltLibrary, build, cpu_flags
+from sparta_explore.kernels.build import BuiltLibrary, build, cpu_flags, target_isa
 from sparta_explore.kernels.c_templates import c_text
 from sparta_explore.kernels.packed_weights import TILE, PackedWeight, converts_halves
 
@@ -61,10 +62,15 @@ def why_no_kernels() -> str | None:
     return f"the decode kernels need AVX2 and FMA; this CPU lacks {', '.join(missing)}" if missing else None
 
 
-@functools.cache
 def library() -> BuiltLibrary:
-    """The decode step's library, built once per process (cached on disk by content hash)."""
-    built = build(c_text("decode_rows.c") + c_text("decode_step.c"), "decode_step")
+    """The decode step's library for the target instruction set (`set_target_isa`), built once per process and
+    ceiling (cached on disk by content hash)."""
+    return _library(target_isa())
+
+
+@functools.cache
+def _library(isa: str) -> BuiltLibrary:  # `isa` keys the process cache; `build` reads the ceiling's flags itself
+    built = build(c_text("decode_rows.c") + c_text("decode_prefill.c") + c_text("decode_step.c"), "decode_step")
     lib = built.lib
     lib.decode_step.argtypes = [ctypes.POINTER(Model), _ptr, ctypes.c_int, ctypes.c_int, _ptr]
     lib.decode_step.restype = None
@@ -73,6 +79,11 @@ def library() -> BuiltLibrary:
     lib.gemv.restype = None
     lib.act_floats.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.act_floats.restype = ctypes.c_long
+    lib.prefill.argtypes = [ctypes.POINTER(ctypes.POINTER(Mat)), ctypes.c_int, _ptr, ctypes.c_int,
+                            ctypes.POINTER(_ptr), ctypes.c_int, _ptr]
+    lib.prefill.restype = None
+    lib.prefill_floats.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.prefill_floats.restype = ctypes.c_long
     lib.scratch_floats.argtypes = [ctypes.c_int] * 8
     lib.scratch_floats.restype = ctypes.c_long
     return built
@@ -149,3 +160,31 @@ def gemv(packed: PackedWeight, x: torch.Tensor, bias: torch.Tensor | None = None
         lib.gemv(ctypes.byref(mat), x[start].data_ptr(), rows, out[start].data_ptr(), threads, run if rounds else 0,
                  float(2 ** (act_bits - 1) - 1), scratch.data_ptr())
     return out
+
+
+def prefill_products(mats: Sequence[Mat], x: torch.Tensor, threads: int | None = None) -> list[torch.Tensor]:
+    """`x` (M, k) rounded per `RUN` columns to int8, as the decode step rounds a projection's input, times each
+    weight of `mats` (all k columns wide): one (M, n) product each, any M (`templates/decode_prefill.c`: the
+    prompt's matrix products; the mats must outlive the call, as `mat_of`'s kept tensors must).
+
+    Example:
+        >>> mat, keep = mat_of(pack_weight(w_on_8bit_grid), tiles=True)     # doctest: +SKIP
+        >>> y, = prefill_products([mat], torch.randn(128, w_on_8bit_grid.shape[1]))   # doctest: +SKIP
+    """
+    if not mats:
+        raise ValueError("prefill_products: no weights given")
+    widths = {m.k for m in mats}
+    if x.dim() != 2 or widths != {x.shape[1]} or x.shape[1] % RUN:
+        raise ValueError(f"prefill_products: expected an (M, k) input with k a multiple of {RUN} and the weights' "
+                         f"width {sorted(widths)}, got {tuple(x.shape)}")
+    lib = library().lib
+    x = x.detach().float().contiguous()
+    rows, k = x.shape
+    outs = [torch.empty(rows, m.n, dtype=torch.float32) for m in mats]
+    if rows == 0:
+        return outs
+    scratch = torch.empty(lib.prefill_floats(rows, k), dtype=torch.float32)
+    pointers = (ctypes.POINTER(Mat) * len(mats))(*(ctypes.pointer(m) for m in mats))
+    ys = (_ptr * len(mats))(*(o.data_ptr() for o in outs))
+    lib.prefill(pointers, len(mats), x.data_ptr(), rows, ys, threads or torch.get_num_threads(), scratch.data_ptr())
+    return outs

@@ -395,19 +395,24 @@ static float abs_max_of(const float *x, int n) {
     return m;
 }
 
-/* x (B, k) rounded into `a`, laid out in `scratch` (act_floats(B, k)): one symmetric grid of +-levels
-   (127 for int8) per `run` columns (QBLOCK, or k: one grid a row, as the int8 sparse kernels round).
-   Each thread of the step rounds the whole input into its own scratch: B k values, cheaper than the
-   barrier a shared copy needs. */
-static void round_input(const float *x, int B, int k, int run, float levels, float *scratch, Act *a) {
+/* The int8 view of B rows of k columns laid out in `scratch` (act_floats(B, k)): the rounded values, the
+   per-32-column scales and run sums, then the codes. */
+static Act act_layout(int B, int k, float *scratch) {
+    const int blocks = k / QBLOCK;
+    float *d = scratch + (long)B * k, *xs = d + (long)B * blocks;
+    return (Act){scratch, k, (const int8_t *)(xs + (long)B * blocks), d, xs};
+}
+
+/* Rows r0 .. r1 - 1 of x (B, k) rounded into the layout of `act_layout(B, k, scratch)`: one symmetric grid of
+   +-levels (127 for int8) per `run` columns (QBLOCK, or k: one grid a row, as the int8 sparse kernels round). */
+static void round_rows(const float *x, int B, int k, int run, float levels, float *scratch, int r0, int r1) {
     const int blocks = k / QBLOCK, per = run / QBLOCK;
     float *xhat = scratch, *d = xhat + (long)B * k, *xs = d + (long)B * blocks;
     int8_t *q = (int8_t *)(xs + (long)B * blocks);
-    *a = (Act){xhat, k, q, d, xs};
     const __m256 top = _mm256_set1_ps(levels), bottom = _mm256_set1_ps(-levels);
     float scale = 1.0f;
-    for (int i = 0; i < B * blocks; ++i) {
-        const float *src = x + (long)(i / blocks) * k + (i % blocks) * QBLOCK;
+    for (long i = (long)r0 * blocks; i < (long)r1 * blocks; ++i) {
+        const float *src = x + (i / blocks) * k + (i % blocks) * QBLOCK;
         __m256 v[4];
         for (int t = 0; t < 4; ++t) v[t] = _mm256_loadu_ps(src + 8 * t);
         if (i % per == 0) {
@@ -420,7 +425,7 @@ static void round_input(const float *x, int B, int k, int run, float levels, flo
         for (int t = 0; t < 4; ++t) { /* x / scale (a true division, as torch's), rounded half to even */
             const __m256 r = _mm256_min_ps(top, _mm256_max_ps(bottom, _mm256_round_ps(
                 _mm256_div_ps(v[t], sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
-            _mm256_storeu_ps(xhat + (long)i * QBLOCK + 8 * t, _mm256_mul_ps(r, sv));
+            _mm256_storeu_ps(xhat + i * QBLOCK + 8 * t, _mm256_mul_ps(r, sv));
             sum = _mm256_add_ps(sum, r);
             c[t] = _mm256_cvtps_epi32(r);
         }
@@ -428,10 +433,17 @@ static void round_input(const float *x, int B, int k, int run, float levels, flo
         const __m256i words = _mm256_packs_epi32(c[0], c[1]), words2 = _mm256_packs_epi32(c[2], c[3]);
         const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(words, words2),
                                                           _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256((__m256i *)(q + (long)i * QBLOCK), bytes);
+        _mm256_storeu_si256((__m256i *)(q + i * QBLOCK), bytes);
         d[i] = scale;
         xs[i] = scale * hsum(sum); /* the codes' sum is an exact integer in float */
     }
+}
+
+/* x (B, k) rounded into `a`, laid out in `scratch` (act_floats(B, k)). Each thread of the step rounds the
+   whole input into its own scratch: B k values, cheaper than the barrier a shared copy needs. */
+static void round_input(const float *x, int B, int k, int run, float levels, float *scratch, Act *a) {
+    round_rows(x, B, k, run, levels, scratch, 0, B);
+    *a = act_layout(B, k, scratch);
 }
 
 /* The same product on its own (one-row kernels for any caller: tests, small-M linears). run > 0 rounds

@@ -6,8 +6,11 @@ offsets, an 8-bit one as bytes, anything else float32); the output head too, and
 embedding reads its rows from the head's codes. `kernels/templates/decode_*.c` then run
 every layer of one token (norms, projections, rotary embedding from the model's own
 `rotary_emb` tables, its scaling included, attention over the KV cache, SiLU MLP, residuals,
-the head) inside one OpenMP region. The prompt runs through the model's own modules
-(`LlamaStep`, large matrix products) into the same KV cache.
+the head) inside one OpenMP region. The prompt runs through `LlamaStep` into the same KV cache: its
+projections through the model's own modules (float activations: large float32 matrix products), or with
+`act_bits=8` through the step's own packed weights at many rows (`prefill_products`: VNNI integer
+products where the CPU has them), each input rounded as the step rounds it; a float32 weight's group
+runs through its modules on inputs rounded in torch.
 
 With `act_bits=32` activations stay float32 and weights are widened in registers, so the
 logits are the compressed model's (its weights as they are) up to summation order. With
@@ -31,15 +34,27 @@ import pandas as pd
 import torch
 from torch import nn
 
-from sparta_explore.compile.llama_step import LlamaStep, why_not_llama
+from sparta_explore.compile.llama_step import HEAD, LlamaStep, why_not_llama
 from sparta_explore.compile.quantized_copy import RoundInput
 from sparta_explore.errors import ConfigError
+from sparta_explore.fake_quant import fake_quantize_runs
 from sparta_explore.kernels.build import compiler_available
-from sparta_explore.kernels.decode_step import MAX_BATCH, RUN, Layer, Mat, Model, library, mat_of, why_no_kernels
+from sparta_explore.kernels.decode_step import (
+    MAX_BATCH,
+    RUN,
+    Layer,
+    Mat,
+    Model,
+    library,
+    mat_of,
+    prefill_products,
+    why_no_kernels,
+)
 from sparta_explore.kernels.packed_weights import PackedWeight, pack_weight
 
 PROJECTIONS = (("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"), ("v", "self_attn.v_proj"),
                ("o", "self_attn.o_proj"), ("gate", "mlp.gate_proj"), ("up", "mlp.up_proj"), ("down", "mlp.down_proj"))
+FIELDS = {path: field for field, path in PROJECTIONS}
 
 
 def _module(layer: nn.Module, path: str) -> nn.Module | None:
@@ -257,9 +272,17 @@ class CompiledDecoder:
         if ids.shape[0] != self.batch:
             raise ConfigError(f"CompiledDecoder.prefill: {ids.shape[0]} sequences, reset for {self.batch}")
         if self.act_bits == 8:
-            with rounded_inputs(self.model):
-                return self.torch_step.forward(ids, 0)
+            return self.torch_step.forward(ids, 0, project=self._prefill_project)
         return self.torch_step.forward(ids, 0)
+
+    def _prefill_project(self, layer: int, paths: tuple[str, ...], x: torch.Tensor) -> list[torch.Tensor]:
+        # a LlamaStep projector: the prompt's rows times the step's own packed weights (one rounding a group)
+        names = ["lm_head"] if layer == HEAD else [f"model.layers.{layer}.{path}" for path in paths]
+        if any(self.packed[name].fmt == "f32" for name in names):  # no codes: the modules' own float products
+            return self.torch_step.by_modules(layer, paths, fake_quantize_runs(x, RUN, 8))
+        mats = [self.model_struct.head] if layer == HEAD else [getattr(self._layers[layer], FIELDS[p]) for p in paths]
+        outs = prefill_products(mats, x.reshape(-1, x.shape[-1]), self.threads)
+        return [out.view(*x.shape[:-1], out.shape[1]) for out in outs]
 
     @torch.inference_mode()
     def step(self, tokens: torch.Tensor, position: int) -> torch.Tensor:

@@ -15,6 +15,8 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,6 +24,13 @@ from torch import nn
 from sparta_explore.errors import ConfigError
 
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+# the projections a forward asks for together (one input each): a projector may fuse them
+QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+GATE_UP = ("mlp.gate_proj", "mlp.up_proj")
+HEAD = -1  # the layer index a projector is asked for the output head with
+
+# (layer index or HEAD, module paths in that layer (the model for HEAD), their one input) -> their outputs
+Projector = Callable[[int, tuple[str, ...], torch.Tensor], Sequence[torch.Tensor]]
 _MLP = ("gate_proj", "up_proj", "down_proj", "act_fn")
 _LAYER = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
 
@@ -87,8 +96,22 @@ class LlamaStep:
         self.keys = [torch.zeros(shape, dtype=dtype) for _ in self.layers]
         self.values = [torch.zeros(shape, dtype=dtype) for _ in self.layers]
 
-    def forward(self, ids: torch.Tensor, start: int) -> torch.Tensor:
-        """The last position's logits after the tokens `ids` (batch, t) at positions start .. start + t - 1."""
+    def by_modules(self, layer: int, paths: tuple[str, ...], x: torch.Tensor) -> list[torch.Tensor]:
+        """The default `Projector`: each module at `paths` of decoder layer `layer` (of the model for `HEAD`)
+        applied to `x`."""
+        owner = self.model if layer == HEAD else self.layers[layer]
+        outs = []
+        for path in paths:
+            module = owner
+            for part in path.split("."):
+                module = getattr(module, part)
+            outs.append(module(x))
+        return outs
+
+    def forward(self, ids: torch.Tensor, start: int, project: Projector | None = None) -> torch.Tensor:
+        """The last position's logits after the tokens `ids` (batch, t) at positions start .. start + t - 1;
+        `project` computes the linear projections (default `by_modules`: the model's own modules)."""
+        project = project or self.by_modules
         batch, t = ids.shape
         if start + t > self.max_len:
             raise ConfigError(f"LlamaStep: positions up to {start + t} do not fit its cache of {self.max_len}")
@@ -97,17 +120,17 @@ class LlamaStep:
         x = self.model.model.embed_tokens(ids)
         cos, sin = self.cos[start:start + t][None, None], self.sin[start:start + t][None, None]
         for i, layer in enumerate(self.layers):
-            attn, mlp = layer.self_attn, layer.mlp
-            h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(batch, t, self.heads, self.head_dim).transpose(1, 2)
-            k = attn.k_proj(h).view(batch, t, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = attn.v_proj(h).view(batch, t, self.kv_heads, self.head_dim).transpose(1, 2)
+            mlp = layer.mlp
+            q, k, v = project(i, QKV, layer.input_layernorm(x))
+            q = q.view(batch, t, self.heads, self.head_dim).transpose(1, 2)
+            k = k.view(batch, t, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = v.view(batch, t, self.kv_heads, self.head_dim).transpose(1, 2)
             self.keys[i][:, :, start:start + t] = k * cos + _rotate_half(k) * sin
             self.values[i][:, :, start:start + t] = v
             o = F.scaled_dot_product_attention(q * cos + _rotate_half(q) * sin, self.keys[i][:, :, :start + t],
                                                self.values[i][:, :, :start + t], is_causal=t > 1 and start == 0,
                                                scale=self.scale, enable_gqa=self.heads != self.kv_heads)
-            x = x + attn.o_proj(o.transpose(1, 2).reshape(batch, t, -1))
-            h = layer.post_attention_layernorm(x)
-            x = x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
-        return self.model.lm_head(self.model.model.norm(x[:, -1:]))[:, -1]
+            x = x + project(i, ("self_attn.o_proj",), o.transpose(1, 2).reshape(batch, t, -1))[0]
+            gate, up = project(i, GATE_UP, layer.post_attention_layernorm(x))
+            x = x + project(i, ("mlp.down_proj",), mlp.act_fn(gate) * up)[0]
+        return project(HEAD, ("lm_head",), self.model.model.norm(x[:, -1:]))[0][:, -1]

@@ -5,6 +5,7 @@ import warnings
 import pytest
 import torch
 
+import sparta_explore.compile.decoder as decoder_module
 from sparta_explore.compile.decoder import CompiledDecoder, linear_of, rounded_inputs, why_not_compiled, why_not_linear
 from sparta_explore.compile.generate import compiled_decoder, generate
 from sparta_explore.errors import ConfigError
@@ -203,3 +204,29 @@ def test_kernels_compiled_in_place_read_as_the_dense_linears_they_compute():
     assert why_not_linear(SummedParts([DenseLinear(w, None, act_bits=8)], None), "fc").endswith(
         "rounds its inputs to 8 bits per row")
     assert why_not_linear(DenseLinear(w, None, activation="relu"), "fc") == "fc applies relu itself"
+
+
+def test_an_int8_prompt_runs_the_packed_weights_and_float_groups_their_modules(monkeypatch):
+    model = gqa_llama(True)
+    with torch.no_grad():  # layer 1's MLP off any grid: float32 rows, its group through the modules
+        for name in ("gate_proj", "up_proj"):
+            getattr(model.model.layers[1].mlp, name).weight.normal_(0, 0.05)
+    decoder = CompiledDecoder(model, 48, act_bits=8)
+    assert decoder.packed["model.layers.1.mlp.gate_proj"].fmt == "f32"
+    calls = []
+    real = decoder_module.prefill_products
+    monkeypatch.setattr(decoder_module, "prefill_products", lambda mats, x, threads: calls.append(len(mats))
+                        or real(mats, x, threads))
+    ids = _prompts(2, 21, 11)  # 42 rows: ragged against the kernel's row blocks
+    decoder.reset(2)
+    with torch.no_grad():
+        got = decoder.prefill(ids)
+        with rounded_inputs(model):
+            want = model(ids).logits[:, -1]
+        nxt = decoder.step(got.argmax(-1), 21)
+        with rounded_inputs(model):
+            want_next = model(torch.cat([ids, got.argmax(-1)[:, None]], 1)).logits[:, -1]
+    assert float((got - want).abs().max()) <= 1e-4 * float(want.abs().max())
+    assert float((nxt - want_next).abs().max()) <= 1e-4 * float(want_next.abs().max())  # the cache it filled
+    # per layer q/k/v, o, gate/up (not layer 1's), down; then the head: one call a group
+    assert calls == [3, 1, 2, 1, 3, 1, 1, 1]
