@@ -27,7 +27,7 @@ from sparta_explore.kernels.packed_weights import TILE, PackedWeight, converts_h
 
 MAX_BATCH = 8  # sequences (rows) one call decodes; the C file's MAX_BATCH
 RUN = 32  # columns per int8 activation grid; the C file's QBLOCK
-FMT_CODES = {"f32": 0, "u8": 1, "u4": 2}  # decode_rows.c's F32, U8, U4
+FMT_CODES = {"f32": 0, "u8": 1, "u4": 2, "s32": 9}  # decode_rows.c's F32, U8, U4, S32
 TILE_CODES = {"u8": 5, "u4": 6}  # X8, X4: the codes in tiles of TILE rows
 HALF_CODES = {1: 4, 2: 3, 5: 7, 6: 8}  # a layout's code -> the same with float16 grids (U8H, U4H, X8H, X4H)
 NEEDS = ("avx2", "fma")
@@ -112,8 +112,12 @@ def mat_of(packed: PackedWeight, bias: torch.Tensor | None = None, tiles: bool =
         >>> mat, keep = mat_of(pack_weight(torch.ones(2, 8)))    # doctest: +SKIP
     """
     bias = None if bias is None else bias.detach().float().contiguous()
-    f32 = packed.fmt == "f32"
+    f32 = not packed.has_codes
     grid, code, data = None, FMT_CODES[packed.fmt], packed.data
+    if packed.fmt == "s32":  # kept values, mask bytes and row starts (decode_rows.c's S32)
+        keep = tuple(t for t in (data, packed.mask, packed.starts, bias) if t is not None)
+        return Mat(code, packed.n, packed.k, packed.k, _address(data), _address(packed.mask), _address(packed.starts),
+                   _address(bias)), keep
     if not f32:
         scale, offset = packed.scale.float(), packed.offset.float()
         if packed.fmt == "u8":  # u8 codes are stored as code - 128: the offset takes the 128 back

@@ -14,6 +14,8 @@ Layouts the decode kernels read (`templates/decode_step.c`):
   `vpmaddubsw` through the sign trick), rows of a multiple of 32 columns;
 * `u4`: 32 bytes a run of 64 columns, byte j holding column j (low nibble) and j + 32 (high),
   so a mask and a shift give 32 consecutive columns' codes in order;
+* `s32`: a pruned weight off any grid (at most `bitmask_rows.MAX_DENSITY` kept), its kept float32 values and a
+  mask bit a column (`bitmask_rows.py`);
 * either in tiles (`PackedWeight.to_tiles`, `tiled`), the layout int8 activations read: rows in
   tiles of `TILE`, each 4-column chunk of a tile's rows one 32-byte vector (row i's four at 4i).
   A weight is held in one layout at a time; `codes()` reads either.
@@ -39,9 +41,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from sparta_explore.kernels.bitmask_rows import bitmask_rows, dense_rows, fits_bitmask
 from sparta_explore.kernels.build import cpu_flags
 
-FORMATS = ("f32", "u8", "u4")
+FORMATS = ("f32", "u8", "u4", "s32")
 WIDTH = {"u8": 8, "u4": 4}  # bits a code takes in its word
 TRIES = ((4, None), (4, 128), (4, 64), (4, 32), (8, None), (8, 128), (8, 64), (8, 32))  # (bits, group: None = row)
 SAMPLE_ROWS = 8  # rows a grid is tried on before the whole weight (a float weight fails them at once)
@@ -53,9 +56,9 @@ TILE_RUN = 32  # columns a tile's run spans: 8 chunks of 4 (decode_rows.c's QBLO
 
 @dataclass(frozen=True)
 class PackedWeight:
-    """One (n, k) weight in a decode layout: `fmt` in FORMATS, `bits` (32 for f32), `group` columns per
-    (scale, offset); `data` is the f32 rows or the codes (in rows, or in tiles of `TILE` rows when `tiles`),
-    `scale` / `offset` (n, groups), float32 or float16."""
+    """One (n, k) weight in a decode layout: `fmt` in FORMATS, `bits` (32 for f32 and s32), `group` columns per
+    (scale, offset); `data` is the f32 rows, the s32 kept values (with `mask` and `starts`) or the codes (in
+    rows, or in tiles of `TILE` rows when `tiles`), `scale` / `offset` (n, groups), float32 or float16."""
 
     fmt: str
     n: int
@@ -66,11 +69,18 @@ class PackedWeight:
     scale: torch.Tensor | None = None
     offset: torch.Tensor | None = None
     tiles: bool = False
+    mask: torch.Tensor | None = None
+    starts: torch.Tensor | None = None
+
+    @property
+    def has_codes(self) -> bool:
+        """Whether the weight is held as integer codes on grids (u8, u4), not as float32 values."""
+        return self.fmt in WIDTH
 
     @property
     def can_tile(self) -> bool:
         """Whether the codes can be held in tiles: a quantized weight of whole 32-column runs."""
-        return self.fmt != "f32" and self.k % TILE_RUN == 0
+        return self.has_codes and self.k % TILE_RUN == 0
 
     def to_tiles(self) -> PackedWeight:
         """The same weight with its codes in tiles of `TILE` rows (`tiled`); itself if already so or `can_tile`
@@ -104,6 +114,7 @@ class PackedWeight:
     def nbytes(self) -> int:
         """Bytes a step reads for this weight: codes or values, plus scales and offsets."""
         extra = 0 if self.scale is None else 2 * self.scale.numel() * self.scale.element_size()
+        extra += sum(t.numel() * t.element_size() for t in (self.mask, self.starts) if t is not None)
         return self.data.numel() * self.data.element_size() + extra
 
     @property
@@ -112,9 +123,10 @@ class PackedWeight:
         return self.scale is not None and self.scale.dtype == torch.float16
 
     def codes(self) -> torch.Tensor:
-        """The integer codes (n, k) as uint8 (0 .. 2^bits - 1), unpacked from the layout; an f32 weight has none."""
-        if self.fmt == "f32":
-            raise ValueError("an f32 weight has no codes")
+        """The integer codes (n, k) as uint8 (0 .. 2^bits - 1), unpacked from the layout; an f32 or s32 weight has
+        none."""
+        if not self.has_codes:
+            raise ValueError(f"an {self.fmt} weight has no codes")
         if self.tiles:
             return untiled(self.data, self.fmt, self.n, self.k)
         if self.fmt == "u8":
@@ -131,6 +143,8 @@ class PackedWeight:
         """
         if self.fmt == "f32":
             return self.data
+        if self.fmt == "s32":
+            return dense_rows(self.data, self.mask, self.starts, self.k)
         per_column = torch.arange(self.k) // self.group
         return self.scale.float()[:, per_column] * self.codes().float() + self.offset.float()[:, per_column]
 
@@ -291,8 +305,9 @@ def _layout(bits: int, k: int, group: int) -> str | None:
 def pack_weight(w: torch.Tensor, bits: int | None = None, group: int | None = None, half: bool | None = None
                 ) -> PackedWeight:
     """`w` (n, k) in the narrowest layout its values fit: given `bits` / `group` (None: per row), or the
-    first of `TRIES` whose grids hold every value; else f32. `bits=32` keeps it f32. `half`: float16 grids
-    where they fit (None: where this CPU converts them, `converts_halves`; False: never).
+    first of `TRIES` whose grids hold every value; else s32 where at most `bitmask_rows.MAX_DENSITY` of it is kept, else
+    f32. `bits=32` keeps it f32. `half`: float16 grids where they fit (None: where this CPU converts them,
+    `converts_halves`; False: never).
 
     Example:
         >>> pack_weight(torch.randn(4, 64)).fmt
@@ -313,4 +328,7 @@ def pack_weight(w: torch.Tensor, bits: int | None = None, group: int | None = No
         if half if half is not None else converts_halves():
             scale, offset = _half_grids(w, codes, scale, offset, g) or (scale, offset)
         return PackedWeight(fmt, n, k, b, g, _pack(codes, fmt), scale, offset)
+    if bits is None and fits_bitmask(w):  # pruned, off any grid: the kept values and a bit a column
+        values, mask, starts = bitmask_rows(w)
+        return PackedWeight("s32", n, k, 32, k, values, mask=mask, starts=starts)
     return PackedWeight("f32", n, k, 32, k, w)

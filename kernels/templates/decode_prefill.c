@@ -117,7 +117,7 @@ static void prefill_tiles(const Mat *m, const uint8_t *blocks, int M, float *y, 
 
 /* Whether `tile_many` runs this layout: every tile layout with VNNI; without, the 4-bit ones (their int16 sums
    cannot overflow; 8-bit codes would, so they keep the decode kernels' sign trick). */
-static int many_rows(const Mat *m) { return VNNI ? m->fmt >= X8 : m->fmt == X4 || m->fmt == X4H; }
+static int many_rows(const Mat *m) { return VNNI ? IS_TILE(m->fmt) : m->fmt == X4 || m->fmt == X4H; }
 
 /* Block `blk`'s rows of the rounded input `a` copied into its records (tile_many's layout). */
 static void interleave_block(const Act *a, int k, int blk, uint8_t *blocks) {

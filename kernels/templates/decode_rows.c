@@ -10,7 +10,9 @@
  *   U8: one signed byte a column, code - 128 (the offset absorbs the 128), rows of k % 32 == 0;
  *   U4: 32 bytes a run of 64 columns, byte j holding column j (low nibble) and j + 32 (high);
  *   U8H, U4H: the same codes, their grids in float16 (F16C widens a row's grids as it starts);
- *   X8, X4 (and X8H, X4H): the same codes in tiles of 8 rows for int8 activations (see tile_int8).
+ *   X8, X4 (and X8H, X4H): the same codes in tiles of 8 rows for int8 activations (see tile_int8);
+ *   S32: a pruned float32 weight's kept values, row after row, with one mask bit a column (w: the values,
+ *        codes: n x k / 8 mask bytes, grid: n + 1 int32 row starts; kernels/bitmask_rows.py).
  *
  * Activations (Model.act_q; gemv's run): float32: quantized weights are widened in registers,
  * and the step computes the model's weights times its activations up to summation order. Int8:
@@ -37,6 +39,8 @@
 #define X4 6
 #define X8H 7
 #define X4H 8
+#define S32 9
+#define IS_TILE(fmt) ((fmt) >= X8 && (fmt) <= X4H)
 #define TILE 8 /* weight rows a tile interleaves */
 #define MAX_BATCH 8
 #define CHUNK 4 /* activation rows per pass over a weight row (the row stays in L1 between passes) */
@@ -205,6 +209,77 @@ INLINE void row_u4_f32(const Mat *m, int n, const float *x, int ldx, int nb, flo
     reduce(acc, nb, out);
 }
 
+/* The 8 weights of a mask byte in their columns: the next popcount(bits) kept values moved to the set lanes,
+   zeros elsewhere. AVX-512 expands in one instruction; AVX2 permutes by a table of each byte's lane sources
+   (lane i takes value rank(i), the set bits below i) and clears the unset lanes. */
+#if defined(__AVX512F__) && defined(__AVX512VL__)
+INLINE __m256 expand8(const float *v, unsigned bits) { return _mm256_maskz_expand_ps((__mmask8)bits, _mm256_loadu_ps(v)); }
+#else
+static uint64_t EXPAND_FROM[256]; /* 8 source lanes a byte, one per byte of the word */
+__attribute__((constructor)) static void fill_expand_from(void) {
+    for (int bits = 0; bits < 256; ++bits) {
+        uint64_t word = 0;
+        for (int i = 0, rank = 0; i < 8; ++i)
+            if (bits >> i & 1) word |= (uint64_t)rank++ << (8 * i);
+        EXPAND_FROM[bits] = word;
+    }
+}
+INLINE __m256 expand8(const float *v, unsigned bits) {
+    const __m256i from = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)EXPAND_FROM[bits]));
+    const __m256i lane = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    const __m256i set = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)bits), lane), lane);
+    return _mm256_and_ps(_mm256_permutevar8x32_ps(_mm256_loadu_ps(v), from), _mm256_castsi256_ps(set));
+}
+#endif
+
+/* A bitmask row (S32): 8 columns a mask byte, its kept values expanded into place; an all-pruned byte reads
+   nothing. The values end with PAD zeros (bitmask_rows.py), so the 8-float load at the last value stays inside. */
+INLINE void row_s32(const Mat *m, int n, const float *x, int ldx, int nb, float *out) {
+    const uint8_t *mask = m->codes + (long)n * (m->k / 8);
+    const float *v = m->w + ((const int32_t *)m->grid)[n];
+    __m256 acc[CHUNK][8];
+    ZERO_ACC(acc)
+    int j = 0;
+#if defined(__AVX512F__)
+    /* 16 columns (two mask bytes) an expansion: half the instructions of two 8-wide ones */
+    __m512 wide[CHUNK][4];
+    for (int b = 0; b < CHUNK; ++b)
+        for (int a = 0; a < 4; ++a) wide[b][a] = _mm512_setzero_ps();
+    for (; j + 64 <= m->k; j += 64) {
+#pragma GCC unroll 4
+        for (int f = 0; f < 4; ++f) {
+            const unsigned bits = mask[j / 8 + 2 * f] | (unsigned)mask[j / 8 + 2 * f + 1] << 8;
+            const __m512 w = _mm512_maskz_expand_ps((__mmask16)bits, _mm512_loadu_ps(v));
+            v += __builtin_popcount(bits);
+            for (int b = 0; b < nb; ++b)
+                wide[b][f % 4] = _mm512_fmadd_ps(w, _mm512_loadu_ps(x + b * ldx + j + 16 * f), wide[b][f % 4]);
+        }
+    }
+    for (int b = 0; b < nb; ++b)
+        for (int a = 0; a < 4; ++a)
+            acc[b][0] = _mm256_add_ps(acc[b][0], _mm256_add_ps(_mm512_castps512_ps256(wide[b][a]), _mm256_castpd_ps(
+                _mm512_extractf64x4_pd(_mm512_castps_pd(wide[b][a]), 1))));
+#endif
+    for (; j + 64 <= m->k; j += 64) {
+#pragma GCC unroll 8
+        for (int f = 0; f < 8; ++f) {
+            const unsigned bits = mask[j / 8 + f];
+            if (!bits) continue;
+            const __m256 w = expand8(v, bits);
+            v += __builtin_popcount(bits);
+            for (int b = 0; b < nb; ++b)
+                acc[b][f % CHAINS(nb)] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + b * ldx + j + 8 * f), acc[b][f % CHAINS(nb)]);
+        }
+    }
+    for (; j < m->k; j += 8) {
+        const unsigned bits = mask[j / 8];
+        const __m256 w = expand8(v, bits);
+        v += __builtin_popcount(bits);
+        for (int b = 0; b < nb; ++b) acc[b][0] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + b * ldx + j), acc[b][0]);
+    }
+    reduce(acc, nb, out);
+}
+
 /* Unsigned bytes u times signed bytes s, each four neighbours summed into int32 and added to acc: one
    `vpdpbusd` where the CPU has VNNI (the build's -march=native says), else `vpmaddubsw` + `vpmaddwd` + add.
    Our operands never reach vpmaddubsw's int16 saturation (codes <= 15, or |code| <= 128 against |q| <= 127),
@@ -301,6 +376,7 @@ INLINE void tile_int8(const Mat *m, int t, const Act *a, int nb, float *out, con
 /* nb as a constant in each call, so the always-inlined row code keeps its accumulators in registers. */
 #define BY_ROWS(CALL) switch (nb) { case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; default: CALL(4); }
 #define F32_ROW(NB) row_f32(m->w + (long)n * m->k, m->k, x, ldx, NB, out)
+#define S32_ROW(NB) row_s32(m, n, x, ldx, NB, out)
 #define U8_ROW(NB) row_u8_f32(m, n, x, ldx, NB, out)
 #define U4_ROW(NB) if (m->group == 32) row_u4_f32(m, n, x, ldx, NB, out, 1); else row_u4_f32(m, n, x, ldx, NB, out, 0)
 
@@ -309,7 +385,8 @@ INLINE void tile_int8(const Mat *m, int t, const Act *a, int nb, float *out, con
 static void mat_row(const Mat *m, int n, const Act *a, int b0, int nb, float *out) {
     const float *x = a->x + (long)b0 * a->ldx;
     const int ldx = a->ldx;
-    if (m->fmt == F32) BY_ROWS(F32_ROW) else if (m->fmt == U8 || m->fmt == U8H) BY_ROWS(U8_ROW) else BY_ROWS(U4_ROW)
+    if (m->fmt == F32) BY_ROWS(F32_ROW) else if (m->fmt == S32) BY_ROWS(S32_ROW)
+    else if (m->fmt == U8 || m->fmt == U8H) BY_ROWS(U8_ROW) else BY_ROWS(U4_ROW)
 }
 
 /* runs a group spans as a constant where common (1: groups of 32; 4: of 128), so no division a run */
@@ -344,7 +421,7 @@ INLINE void put(const Mat *m, int n, float v, float *dst, int add) {
 /* y (B, ldy) = x W^T + bias, or y += that when `add`; call inside a parallel region. Tiled weights (int8
    activations only) split their tiles over the threads, row-layout ones their rows. */
 static void gemv_shared(const Mat *m, const Act *a, int B, float *y, int ldy, int add) {
-    if (m->fmt >= X8) {
+    if (IS_TILE(m->fmt)) {
 #pragma omp for schedule(static) nowait
         for (int t = 0; t < (m->n + TILE - 1) / TILE; ++t) {
             float out[CHUNK * TILE];

@@ -3,8 +3,14 @@
 /* Row `n` of the weight, de-quantized: the embedding of a token when the head is tied. */
 static void weight_row(const Mat *m, int n, float *out) {
     if (m->fmt == F32) { memcpy(out, m->w + (long)n * m->k, sizeof(float) * m->k); return; }
+    if (m->fmt == S32) { /* the row's kept values into their masked columns */
+        const float *v = m->w + ((const int32_t *)m->grid)[n];
+        const uint8_t *mask = m->codes + (long)n * (m->k / 8);
+        for (int j = 0; j < m->k; ++j) out[j] = mask[j / 8] >> (j % 8) & 1 ? *v++ : 0.0f;
+        return;
+    }
     const int groups = (m->k + m->group - 1) / m->group;
-    if (m->fmt >= X8) { /* row i of tile t (layout: tile_int8) */
+    if (IS_TILE(m->fmt)) { /* row i of tile t (layout: tile_int8) */
         const int t = n / TILE, i = n % TILE, four = m->fmt == X4 || m->fmt == X4H;
         const int half = m->fmt == X4H || m->fmt == X8H;
         const uint8_t *w = m->codes + (long)t * (m->k / 32) * (four ? 128 : 256);

@@ -278,7 +278,7 @@ class CompiledDecoder:
     def _prefill_project(self, layer: int, paths: tuple[str, ...], x: torch.Tensor) -> list[torch.Tensor]:
         # a LlamaStep projector: the prompt's rows times the step's own packed weights (one rounding a group)
         names = ["lm_head"] if layer == HEAD else [f"model.layers.{layer}.{path}" for path in paths]
-        if any(self.packed[name].fmt == "f32" for name in names):  # no codes: the modules' own float products
+        if not all(self.packed[name].has_codes for name in names):  # float values: the modules' own products
             return self.torch_step.by_modules(layer, paths, fake_quantize_runs(x, RUN, 8))
         mats = [self.model_struct.head] if layer == HEAD else [getattr(self._layers[layer], FIELDS[p]) for p in paths]
         outs = prefill_products(mats, x.reshape(-1, x.shape[-1]), self.threads)

@@ -6,7 +6,9 @@ runs the same arithmetic directly: the model's own modules (so kernels an in-pla
 put there run), one preallocated KV cache per layer, the rotary table computed once by the
 model's own `rotary_emb`, and `scaled_dot_product_attention` (grouped-query heads included).
 It is the prompt's path of `generate` (`compile/generate.py`), and its decode path where
-the compiled step (`compile/decoder.py`) cannot run.
+the compiled step (`compile/decoder.py`) cannot run. A `Projector` passed to `forward` computes
+the linear projections instead of the modules, a group sharing one input at a time (q/k/v,
+gate/up): the compiled step's prompt runs its own packed weights so.
 
 Example:
     >>> step = LlamaStep(llama, max_len=160); step.reset(1)        # doctest: +SKIP

@@ -1,5 +1,6 @@
 """The compiled decode step: every layer of a token in one C call, equal to the model it was built from."""
 
+import contextlib
 import warnings
 
 import pytest
@@ -230,3 +231,28 @@ def test_an_int8_prompt_runs_the_packed_weights_and_float_groups_their_modules(m
     assert float((nxt - want_next).abs().max()) <= 1e-4 * float(want_next.abs().max())  # the cache it filled
     # per layer q/k/v, o, gate/up (not layer 1's), down; then the head: one call a group
     assert calls == [3, 1, 2, 1, 3, 1, 1, 1]
+
+
+@pytest.mark.parametrize("act_bits", [32, 8])
+def test_a_pruned_models_weights_are_read_as_bitmask_rows(act_bits):
+    model = gqa_llama(False)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # half of every projection pruned at random; the head left dense
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and name.startswith("model.layers"):
+                module.weight.mul_(torch.rand(module.weight.shape, generator=g) < 0.5)
+    decoder = CompiledDecoder(model, 32, act_bits=act_bits)
+    formats = decoder.formats().set_index("weight")
+    assert set(formats.fmt) == {"s32", "f32"} and formats.loc["lm_head", "fmt"] == "f32"
+    assert decoder.bytes_per_token < 0.8 * sum(p.nbytes for p in CompiledDecoder(model, 32, pack=False).packed.values())
+    ids = _prompts(2, 9, 12)
+    if act_bits == 32:
+        assert torch.equal(generate(model, ids, 16), model.generate(ids, max_new_tokens=16, do_sample=False,
+                                                                     pad_token_id=0))
+    decoder.reset(2)
+    with torch.no_grad():
+        got = [decoder.prefill(ids[:, :5])] + [decoder.step(ids[:, p], p) for p in range(5, 9)]
+        with rounded_inputs(model) if act_bits == 8 else contextlib.nullcontext():
+            want = [model(ids[:, :p + 1]).logits[:, -1] for p in range(4, 9)]
+    for a, b in zip(got, want):
+        assert float((a - b).abs().max()) <= 1e-4 * float(b.abs().max())

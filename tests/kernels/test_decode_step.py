@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from sparta_explore.fake_quant import fake_quantize_rows, fake_quantize_runs
+from sparta_explore.kernels.build import cpu_flags, set_target_isa, target_isa
 from sparta_explore.kernels.c_templates import c_text
 from sparta_explore.kernels.decode_step import MAX_BATCH, gemv, why_no_kernels
 from sparta_explore.kernels.packed_weights import converts_halves, pack_weight
@@ -100,3 +101,38 @@ def test_on_vnni_cpus_every_integer_product_is_a_vpdpbusd(tmp_path, flags):
         asm[extra] = done.stdout
     assert "vpmaddubsw" in asm[()] and "vpdpbusd" not in asm[()]
     assert "vpdpbusd" in asm[flags] and "vpmaddubsw" not in asm[flags]
+
+
+def _pruned(n: int, k: int, kept: float, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n, k, generator=gen) * (torch.rand(n, k, generator=gen) < kept)
+
+
+@pytest.mark.parametrize("n, k, kept", [(37, 576, 0.5), (13, 200, 0.3), (9, 64, 0.7), (19, 1536, 0.1)])
+@pytest.mark.parametrize("rows", [1, 3, 5, 8])
+def test_bitmask_rows_multiply_like_their_pruned_weight(n, k, kept, rows):
+    w = _pruned(n, k, kept, seed=n + rows)
+    w[1] = 0.0  # a row with no weights
+    w[2, :64] = 0.0  # eight empty mask bytes
+    packed = pack_weight(w)
+    assert packed.fmt == "s32"
+    gen = torch.Generator().manual_seed(rows)
+    x, bias = torch.randn(rows, k, generator=gen), torch.randn(n, generator=gen)
+    assert _close(gemv(packed, x, bias), x @ w.T + bias)
+    if k % 32 == 0:  # int8 activations meet the kept values as floats: the rounded inputs times the weight
+        assert _close(gemv(packed, x, act_bits=8), fake_quantize_runs(x) @ w.T)
+
+
+@pytest.mark.skipif("avx512f" not in cpu_flags(), reason="the table path is checked against vexpandps on AVX-512")
+def test_the_avx2_expansion_table_computes_what_vexpandps_does():
+    w = _pruned(21, 256, 0.4, seed=3)
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(3))
+    packed = pack_weight(w)
+    native = gemv(packed, x)
+    before = target_isa()
+    set_target_isa("avx2")  # built without AVX-512: each mask byte's lanes come from the permute table
+    try:
+        table = gemv(packed, x)
+    finally:
+        set_target_isa(before)
+    assert _close(table, native) and _close(table, x @ w.T)

@@ -25,11 +25,11 @@ def _sparse(n, k, density, seed):
     return torch.randn(n, k, generator=g), torch.randn(n, generator=g), torch.rand(n, k, generator=g) < density
 
 
-@pytest.mark.parametrize("spec, fmt", [(None, "f32"), (QuantSpec(4, 32), "u4"), (QuantSpec(8, 64), "u8")])
+@pytest.mark.parametrize("spec, fmt", [(None, "s32"), (QuantSpec(4, 32), "u4"), (QuantSpec(8, 64), "u8")])
 @pytest.mark.parametrize("rows", [1, 2, 5, 8])
 def test_a_path_multiplies_like_its_weight_in_every_layout(spec, fmt, rows):
     w, bias, kept = _sparse(24, 192, 0.5, rows)
-    w = w * kept  # zeros stay values on the grid: a pruned weight packs like a dense one
+    w = w * kept  # on a grid zeros stay values (codes); off any, the kept values and a mask (s32)
     w = w if spec is None else round_to_grids(w, spec)
     w[3] = 0.0  # an empty row
     path = RowPath(w, bias)

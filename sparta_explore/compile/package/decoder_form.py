@@ -48,12 +48,13 @@ from sparta_explore.compile.package.reading import OpenedPackage, checked_exampl
 from sparta_explore.compile.package.tensors import TensorStore
 from sparta_explore.compile.record import CompileRecord
 from sparta_explore.errors import PackageError
+from sparta_explore.kernels.bitmask_rows import COLUMNS, PAD
 from sparta_explore.kernels.packed_weights import FORMATS, TILE, PackedWeight, pack_weight
 from sparta_explore.tracing.kv_cache import kv_cache_off
 
 KIND = "decoder"
 TOLERANCE = 1e-3  # the example's logits, relative: the step's weights on another CPU's float rounding
-_FIELDS = ("data", "scale", "offset")
+_FIELDS = ("data", "scale", "offset", "mask", "starts")
 
 
 def decoder_weights(model: nn.Module) -> list[str]:
@@ -164,12 +165,34 @@ def _packed_weight(opened: OpenedPackage, name: str, record: Mapping[str, Any]) 
     if p.fmt not in FORMATS or p.data is None or p.tiles and not p.can_tile:
         raise PackageError(f"{opened.reader.path}: the packed weight {name!r} has unknown layout {p.fmt!r}"
                            + (" in tiles" if p.tiles else ""))
+    if p.fmt == "s32":
+        _check_bitmask_rows(opened, name, p)
+        return p
     rows = -(-p.n // TILE) * TILE if p.tiles else p.n
     want = rows * p.k // (2 if p.fmt == "u4" else 1)
     if p.data.numel() != want:
         raise PackageError(f"{opened.reader.path}: the packed weight {name!r} holds {p.data.numel()} values, its "
                            f"layout ({p.fmt}, {p.n} x {p.k}{', tiles' if p.tiles else ''}) takes {want}")
     return p
+
+
+def _check_bitmask_rows(opened: OpenedPackage, name: str, p: PackedWeight) -> None:
+    """An s32 weight's mask, row starts and values must agree, so no kernel reads past them."""
+    shape = f"({p.n} x {p.k})"
+    dtypes = (torch.float32, torch.uint8, torch.int32)
+    if (p.mask is None or p.starts is None or p.k % COLUMNS or p.mask.numel() != p.n * p.k // COLUMNS
+            or (p.data.dtype, p.mask.dtype, p.starts.dtype) != dtypes):
+        raise PackageError(f"{opened.reader.path}: the packed weight {name!r} {shape} lacks its mask of "
+                           f"{p.n * p.k // COLUMNS} bytes (values float32, mask uint8, starts int32)")
+    kept = (p.mask.reshape(p.n, -1)[..., None].to(torch.int32) >> torch.arange(COLUMNS)) & 1
+    starts = torch.zeros(p.n + 1, dtype=torch.int64)
+    starts[1:] = kept.reshape(p.n, -1).sum(dim=1).cumsum(0)
+    if p.starts.numel() != p.n + 1 or not torch.equal(p.starts.to(torch.int64), starts):
+        raise PackageError(f"{opened.reader.path}: the packed weight {name!r} {shape}: its row starts do not "
+                           "match its mask")
+    if p.data.numel() != int(starts[-1]) + PAD:
+        raise PackageError(f"{opened.reader.path}: the packed weight {name!r} {shape} holds {p.data.numel()} "
+                           f"values, its mask keeps {int(starts[-1])} (+{PAD} padding)")
 
 
 def load_decoder(opened: OpenedPackage, model: nn.Module | None, started: float) -> nn.Module:

@@ -84,6 +84,7 @@ print(json.dumps({{"ppl": ppl, "act_bits": settings.act_bits, "same": bool(torch
     compress_llm(model, point_of_row(row, layers=2), workload.calibration_inputs[0])
     packed = packed_for_decode(model)
     assert {p.fmt for n, p in packed.items() if "mlp" in n} == {"u4"} and packed["lm_head"].fmt == "u8"
+    assert {p.fmt for n, p in packed.items() if "layers.0.self_attn" in n} == {"s32"}  # pruned: kept values, mask
     ids = torch.tensor(got["tokens"])[:, :24]
     assert torch.equal(se.generate(model, ids, 16, act_bits=8), torch.tensor(got["tokens"]))
 
@@ -120,6 +121,32 @@ def test_a_packed_weight_of_the_wrong_size_is_named_at_load(workload, tmp_path, 
     path = se.save(model, tmp_path / "short.sparta", act_bits=8)
     named = r"weight 'model\.layers\.0\.\S+' holds \d+ values, its layout \(u[48], \d+ x \d+, tiles\) takes"
     with pytest.raises(PackageError, match=named):
+        se.load(path)
+
+
+def test_a_pruned_weights_mask_and_row_starts_are_checked_at_load(workload, tmp_path, monkeypatch):
+    from sparta_explore.compile.package import decoder_form
+    from sparta_explore.errors import PackageError
+
+    model = copy.deepcopy(workload.dense_model())
+    compress_llm(model, LLMPoint.from_dict({"sparsity@attn.0": 0.5}, layers=2, bands=1), workload.calibration_inputs[0])
+    path = se.save(model, tmp_path / "pruned.sparta", act_bits=32)
+    loaded = se.load(path)
+    assert {p.fmt for n, p in loaded.sparta_decode.packed.items() if "layers.0.self_attn" in n} == {"s32"}
+    ids = workload.timing_inputs(1)[0][:1, :16]
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-4)
+    assert torch.equal(se.generate(loaded, ids, 8), se.generate(model, ids, 8))
+    record = decoder_form._packed_record
+
+    def shifted(store, packed):  # a package whose row starts no longer match its mask
+        if packed.fmt != "s32":
+            return record(store, packed)
+        return record(store, dataclasses.replace(packed, starts=packed.starts + 1))
+
+    monkeypatch.setattr(decoder_form, "_packed_record", shifted)
+    path = se.save(model, tmp_path / "shifted.sparta", act_bits=32)
+    with pytest.raises(PackageError, match=r"weight 'model\.layers\.0\.self_attn\.\w+' \(\d+ x \d+\): its row starts"):
         se.load(path)
 
 
