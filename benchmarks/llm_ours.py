@@ -228,7 +228,7 @@ def time_ours(rows: list[Row], prompt: torch.Tensor, new: int, repeats: int, pad
             log(f"timing round {turn + 1}/{repeats}: prefill and generate of {len(rows)} models")
             for row in rows:
                 m, d, t = row.model, row.decoder, times[row.name]
-                if d is not None:  # the step's prefill is its model's modules (d.reset: fresh caches)
+                if d is not None:  # the step's own prefill (d.reset: fresh caches)
                     t["prefill"].append(_timed(lambda d=d: (d.reset(1), d.prefill(prompt))))
                     t["n"].append(_timed(lambda d=d: step_generate(d, prompt, new)))
                     t["1"].append(_timed(lambda d=d: step_generate(d, prompt, 1)))
