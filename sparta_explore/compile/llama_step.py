@@ -26,6 +26,8 @@ from torch import nn
 from sparta_explore.errors import ConfigError
 
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+_MLP = ("gate_proj", "up_proj", "down_proj", "act_fn")
+_LAYER = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
 # the projections a forward asks for together (one input each): a projector may fuse them
 QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
 GATE_UP = ("mlp.gate_proj", "mlp.up_proj")
@@ -33,8 +35,6 @@ HEAD = -1  # the layer index a projector is asked for the output head with
 
 # (layer index or HEAD, module paths in that layer (the model for HEAD), their one input) -> their outputs
 Projector = Callable[[int, tuple[str, ...], torch.Tensor], Sequence[torch.Tensor]]
-_MLP = ("gate_proj", "up_proj", "down_proj", "act_fn")
-_LAYER = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
 
 
 def why_not_llama(model: nn.Module) -> str | None:
@@ -102,13 +102,7 @@ class LlamaStep:
         """The default `Projector`: each module at `paths` of decoder layer `layer` (of the model for `HEAD`)
         applied to `x`."""
         owner = self.model if layer == HEAD else self.layers[layer]
-        outs = []
-        for path in paths:
-            module = owner
-            for part in path.split("."):
-                module = getattr(module, part)
-            outs.append(module(x))
-        return outs
+        return [owner.get_submodule(path)(x) for path in paths]
 
     def forward(self, ids: torch.Tensor, start: int, project: Projector | None = None) -> torch.Tensor:
         """The last position's logits after the tokens `ids` (batch, t) at positions start .. start + t - 1;

@@ -32,6 +32,8 @@ import json
 import math
 import os
 import time
+import warnings
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,13 +88,14 @@ def llm_trials(path: str | os.PathLike, machine: str | None = None) -> pd.DataFr
     (`trial_id`; the log's own key, the point as JSON, is ``point_key``), ``latency_ms`` the decode ms a token,
     ``accuracy`` the perplexity (lower is better), ``params_json`` the point; no ``score``, so ``--best`` alone
     picks the fastest and ``--min-accuracy`` is a perplexity ceiling. Where the log holds rows timed on `machine`
-    (a `Machine.key`; default this one), only those: milliseconds of different CPUs do not compare.
+    (a `Machine.key`; default this one), only those: milliseconds of different CPUs do not compare; where it holds
+    none, the rows of the machine that timed the most (with a `UserWarning` when several did).
 
     Example:
         >>> llm_trials("results/llm/trials.jsonl")[["key", "accuracy", "latency_ms"]]   # doctest: +SKIP
     """
     log = TrialLog(path, machine=machine or TrialBudget().machine)
-    rows = log.measured() or list(log.rows.values())
+    rows = log.measured() or _one_machines_rows(path, list(log.rows.values()))
     df = pd.DataFrame(rows)
     if df.empty:
         return df
@@ -101,6 +104,17 @@ def llm_trials(path: str | os.PathLike, machine: str | None = None) -> pd.DataFr
                      latency_ms=pd.to_numeric(df.get("decode_ms"), errors="coerce"),
                      dense_latency_ms=pd.to_numeric(df.get("dense_decode_ms"), errors="coerce"),
                      params_json=params, score=math.nan, higher_is_better=False, metric_name="perplexity")
+
+
+def _one_machines_rows(path: str | os.PathLike, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rows` of the machine that timed the most of them (and failed rows): one machine's milliseconds."""
+    timed = Counter(r.get("machine") for r in rows if not r.get("error"))
+    if len(timed) <= 1:
+        return rows
+    most, count = timed.most_common(1)[0]
+    warnings.warn(f"{path}: no row was timed on this machine; picking among the {count} rows timed on {most} "
+                  f"(the log holds rows of {len(timed)} machines, whose milliseconds do not compare)", stacklevel=3)
+    return [r for r in rows if r.get("machine") == most or r.get("error")]
 
 
 @dataclass(frozen=True)

@@ -186,4 +186,11 @@ def test_a_log_of_several_machines_is_picked_from_this_machines_rows(tmp_path):
     log.add({"key": fast_elsewhere.key(), "machine": "vnni", "decode_ms": 1.0, "accuracy": 15.0})
     log.add({"key": here.key(), "machine": "avx2", "decode_ms": 5.0, "accuracy": 15.0})
     assert llm_trials(tmp_path / "t.jsonl", machine="avx2")["point_key"].tolist() == [here.key()]
-    assert len(llm_trials(tmp_path / "t.jsonl", machine="other")) == 2  # none timed there: every row
+    log.add({"key": LLMPoint.from_dict({"head_bits": 8}, layers=2, bands=1).key(), "machine": "avx2",
+             "decode_ms": 4.0, "accuracy": 15.5})
+    with pytest.warns(UserWarning, match="no row was timed on this machine; picking among the 2 rows timed on avx2"):
+        elsewhere = llm_trials(tmp_path / "t.jsonl", machine="other")  # none timed there: the most-timed machine's
+    assert set(elsewhere["machine"]) == {"avx2"}
+    single = TrialLog(tmp_path / "one.jsonl")
+    single.add({"key": here.key(), "machine": "avx2", "decode_ms": 5.0, "accuracy": 15.0})
+    assert len(llm_trials(tmp_path / "one.jsonl", machine="other")) == 1  # one machine's rows: those, no warning
