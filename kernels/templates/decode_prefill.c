@@ -140,13 +140,16 @@ void prefill(const Mat *const *mats, int count, const float *x, int M, float *co
     const int k = mats[0]->k, padded = (M + PR - 1) / PR * PR;
     const Act a = act_layout(padded, k, scratch);
     uint8_t *blocks = (uint8_t *)(scratch + act_floats(padded, k));
-    int tiled = 0;
-    for (int c = 0; c < count; ++c) tiled |= many_rows(mats[c]);
+    int tiled = 0, rows = 0; /* some weight reads the interleaved codes; some the rounded values */
+    for (int c = 0; c < count; ++c) {
+        tiled |= many_rows(mats[c]);
+        rows |= !many_rows(mats[c]);
+    }
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
         for (int b = 0; b < padded; ++b) {
-            if (b < M) { round_rows(x, padded, k, QBLOCK, 127.0f, scratch, b, b + 1); continue; }
+            if (b < M) { round_rows(x, padded, k, QBLOCK, 127.0f, scratch, b, b + 1, rows); continue; }
             /* padding: zero codes, scales and sums, so its outputs are zero and never stored */
             memset((int8_t *)a.q + (long)b * k, 0, k);
             memset((float *)a.d + (long)b * (k / QBLOCK), 0, sizeof(float) * (k / QBLOCK));

@@ -481,8 +481,10 @@ static Act act_layout(int B, int k, float *scratch) {
 }
 
 /* Rows r0 .. r1 - 1 of x (B, k) rounded into the layout of `act_layout(B, k, scratch)`: one symmetric grid of
-   +-levels (127 for int8) per `run` columns (QBLOCK, or k: one grid a row, as the int8 sparse kernels round). */
-static void round_rows(const float *x, int B, int k, int run, float levels, float *scratch, int r0, int r1) {
+   +-levels (127 for int8) per `run` columns (QBLOCK, or k: one grid a row, as the int8 sparse kernels round).
+   `values`: also the rounded values as floats (the row layouts read them; tiles read only codes and sums). */
+static void round_rows(const float *x, int B, int k, int run, float levels, float *scratch, int r0, int r1,
+                       int values) {
     const int blocks = k / QBLOCK, per = run / QBLOCK;
     float *xhat = scratch, *d = xhat + (long)B * k, *xs = d + (long)B * blocks;
     int8_t *q = (int8_t *)(xs + (long)B * blocks);
@@ -502,7 +504,7 @@ static void round_rows(const float *x, int B, int k, int run, float levels, floa
         for (int t = 0; t < 4; ++t) { /* x / scale (a true division, as torch's), rounded half to even */
             const __m256 r = _mm256_min_ps(top, _mm256_max_ps(bottom, _mm256_round_ps(
                 _mm256_div_ps(v[t], sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
-            _mm256_storeu_ps(xhat + i * QBLOCK + 8 * t, _mm256_mul_ps(r, sv));
+            if (values) _mm256_storeu_ps(xhat + i * QBLOCK + 8 * t, _mm256_mul_ps(r, sv));
             sum = _mm256_add_ps(sum, r);
             c[t] = _mm256_cvtps_epi32(r);
         }
@@ -519,7 +521,7 @@ static void round_rows(const float *x, int B, int k, int run, float levels, floa
 /* x (B, k) rounded into `a`, laid out in `scratch` (act_floats(B, k)). Each thread of the step rounds the
    whole input into its own scratch: B k values, cheaper than the barrier a shared copy needs. */
 static void round_input(const float *x, int B, int k, int run, float levels, float *scratch, Act *a) {
-    round_rows(x, B, k, run, levels, scratch, 0, B);
+    round_rows(x, B, k, run, levels, scratch, 0, B, 1);
     *a = act_layout(B, k, scratch);
 }
 
