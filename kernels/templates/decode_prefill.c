@@ -11,6 +11,7 @@
  * `vpdpbusd`, PR independent accumulator chains. Without VNNI the 4-bit tiles run the same way with
  * `vpmaddubsw` into int16 sums; 8-bit codes would overflow those, so X8 without VNNI, and the row layouts,
  * run the decode kernels (`gemv_shared`) over the same rounded rows: the same products, as the step does.
+ * So do inputs of at most CHUNK rows (a short prompt, the head's last position), where those win.
  */
 
 #if VNNI && defined(__AVX512VL__)
@@ -115,9 +116,12 @@ static void prefill_tiles(const Mat *m, const uint8_t *blocks, int M, float *y, 
 }
 #undef MANY
 
-/* Whether `tile_many` runs this layout: every tile layout with VNNI; without, the 4-bit ones (their int16 sums
-   cannot overflow; 8-bit codes would, so they keep the decode kernels' sign trick). */
-static int many_rows(const Mat *m) { return VNNI ? IS_TILE(m->fmt) : m->fmt == X4 || m->fmt == X4H; }
+/* Whether `tile_many` runs this layout at M rows: more rows than the decode kernels' CHUNK (at up to CHUNK they
+   read the weight once and win: the head's one row at 0.7 against 1.3 ms), and every tile layout with VNNI;
+   without, the 4-bit ones (their int16 sums cannot overflow; 8-bit codes would: they keep the sign trick). */
+static int many_rows(const Mat *m, int M) {
+    return M > CHUNK && (VNNI ? IS_TILE(m->fmt) : m->fmt == X4 || m->fmt == X4H);
+}
 
 /* Block `blk`'s rows of the rounded input `a` copied into its records (tile_many's layout). */
 static void interleave_block(const Act *a, int k, int blk, uint8_t *blocks) {
@@ -142,8 +146,8 @@ void prefill(const Mat *const *mats, int count, const float *x, int M, float *co
     uint8_t *blocks = (uint8_t *)(scratch + act_floats(padded, k));
     int tiled = 0, rows = 0; /* some weight reads the interleaved codes; some the rounded values */
     for (int c = 0; c < count; ++c) {
-        tiled |= many_rows(mats[c]);
-        rows |= !many_rows(mats[c]);
+        tiled |= many_rows(mats[c], M);
+        rows |= !many_rows(mats[c], M);
     }
 #pragma omp parallel num_threads(threads)
     {
@@ -160,7 +164,7 @@ void prefill(const Mat *const *mats, int count, const float *x, int M, float *co
             for (int blk = 0; blk < padded / PR; ++blk) interleave_block(&a, k, blk, blocks);
         }
         for (int c = 0; c < count; ++c) {
-            if (many_rows(mats[c])) { prefill_tiles(mats[c], blocks, M, ys[c], mats[c]->n); continue; }
+            if (many_rows(mats[c], M)) { prefill_tiles(mats[c], blocks, M, ys[c], mats[c]->n); continue; }
             gemv_shared(mats[c], &a, M, ys[c], mats[c]->n, 0);
         }
     }
