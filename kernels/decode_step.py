@@ -70,7 +70,8 @@ def library() -> BuiltLibrary:
 
 @functools.cache
 def _library(isa: str) -> BuiltLibrary:  # `isa` keys the process cache; `build` reads the ceiling's flags itself
-    built = build(c_text("decode_rows.c") + c_text("decode_prefill.c") + c_text("decode_step.c"), "decode_step")
+    built = build(c_text("decode_rows.c") + c_text("decode_prefill.c") + c_text("decode_step.c")
+                  + c_text("decode_prompt.c"), "decode_step")
     lib = built.lib
     lib.decode_step.argtypes = [ctypes.POINTER(Model), _ptr, ctypes.c_int, ctypes.c_int, _ptr]
     lib.decode_step.restype = None
@@ -86,6 +87,10 @@ def _library(isa: str) -> BuiltLibrary:  # `isa` keys the process cache; `build`
     lib.prefill_floats.restype = ctypes.c_long
     lib.scratch_floats.argtypes = [ctypes.c_int] * 8
     lib.scratch_floats.restype = ctypes.c_long
+    lib.prompt_step.argtypes = [ctypes.POINTER(Model), _ptr, ctypes.c_int, ctypes.c_int, _ptr, ctypes.c_int, _ptr]
+    lib.prompt_step.restype = None
+    lib.prompt_floats.argtypes = [ctypes.c_int] * 8
+    lib.prompt_floats.restype = ctypes.c_long
     return built
 
 

@@ -89,9 +89,9 @@ INLINE void tile_many(const Mat *m, int t, const uint8_t *blk, float *out, const
     else if (per == 4) tile_many(m, t, blk, out, FOUR, HALF, 4);                                              \
     else tile_many(m, t, blk, out, FOUR, HALF, 0)
 
-/* y (M, ldy) = x W^T + bias for a tiled W over the interleaved blocks `blocks`; work items are (tile,
-   PREFILL_CHUNK rows); call inside a parallel region. */
-static void prefill_tiles(const Mat *m, const uint8_t *blocks, int M, float *y, int ldy) {
+/* y (M, ldy) = x W^T + bias (or += that, `add`) for a tiled W over the interleaved blocks `blocks`; work items are
+   (tile, PREFILL_CHUNK rows); call inside a parallel region. */
+static void prefill_tiles(const Mat *m, const uint8_t *blocks, int M, float *y, int ldy, int add) {
     const int tiles = (m->n + TILE - 1) / TILE, chunks = (M + PREFILL_CHUNK - 1) / PREFILL_CHUNK, per = m->group / 32;
     const long block_bytes = (long)(m->k / QBLOCK) * REC_BYTES;
 #pragma omp for schedule(static) nowait
@@ -110,7 +110,7 @@ static void prefill_tiles(const Mat *m, const uint8_t *blocks, int M, float *y, 
 #endif
             const int nb = last - b0 < PR ? last - b0 : PR;
             for (int b = 0; b < nb; ++b)
-                for (int i = 0; i < rows; ++i) put(m, t * TILE + i, out[b * TILE + i], y + (long)(b0 + b) * ldy + t * TILE + i, 0);
+                for (int i = 0; i < rows; ++i) put(m, t * TILE + i, out[b * TILE + i], y + (long)(b0 + b) * ldy + t * TILE + i, add);
         }
     }
 }
@@ -138,9 +138,11 @@ static void interleave_block(const Act *a, int k, int blk, uint8_t *blocks) {
     }
 }
 
-/* ys[c] (M, mats[c]->n) = x W_c^T + bias_c for `count` weights of one input width k: x (M, k) rounded once per
-   32 columns to int8 (as the step rounds it) in `scratch` (prefill_floats(M, k)), then each product. */
-void prefill(const Mat *const *mats, int count, const float *x, int M, float *const *ys, int threads, float *scratch) {
+/* ys[c] (M, mats[c]->n) = x W_c^T + bias_c (or += that, `add`) for `count` weights of one input width k: x (M, k)
+   rounded once per 32 columns to int8 (as the step rounds it) in `scratch` (prefill_floats(M, k)), then each
+   product. Call inside a parallel region; the products end without a barrier (the caller's before reading ys). */
+static void products_shared(const Mat *const *mats, int count, const float *x, int M, float *const *ys,
+                            float *scratch, int add) {
     const int k = mats[0]->k, padded = (M + PR - 1) / PR * PR;
     const Act a = act_layout(padded, k, scratch);
     uint8_t *blocks = (uint8_t *)(scratch + act_floats(padded, k));
@@ -149,23 +151,26 @@ void prefill(const Mat *const *mats, int count, const float *x, int M, float *co
         tiled |= many_rows(mats[c], M);
         rows |= !many_rows(mats[c], M);
     }
-#pragma omp parallel num_threads(threads)
-    {
 #pragma omp for schedule(static)
-        for (int b = 0; b < padded; ++b) {
-            if (b < M) { round_rows(x, padded, k, QBLOCK, 127.0f, scratch, b, b + 1, rows); continue; }
-            /* padding: zero codes, scales and sums, so its outputs are zero and never stored */
-            memset((int8_t *)a.q + (long)b * k, 0, k);
-            memset((float *)a.d + (long)b * (k / QBLOCK), 0, sizeof(float) * (k / QBLOCK));
-            memset((float *)a.xs + (long)b * (k / QBLOCK), 0, sizeof(float) * (k / QBLOCK));
-        }
-        if (tiled) {
-#pragma omp for schedule(static)
-            for (int blk = 0; blk < padded / PR; ++blk) interleave_block(&a, k, blk, blocks);
-        }
-        for (int c = 0; c < count; ++c) {
-            if (many_rows(mats[c], M)) { prefill_tiles(mats[c], blocks, M, ys[c], mats[c]->n); continue; }
-            gemv_shared(mats[c], &a, M, ys[c], mats[c]->n, 0);
-        }
+    for (int b = 0; b < padded; ++b) {
+        if (b < M) { round_rows(x, padded, k, QBLOCK, 127.0f, scratch, b, b + 1, rows); continue; }
+        /* padding: zero codes, scales and sums, so its outputs are zero and never stored */
+        memset((int8_t *)a.q + (long)b * k, 0, k);
+        memset((float *)a.d + (long)b * (k / QBLOCK), 0, sizeof(float) * (k / QBLOCK));
+        memset((float *)a.xs + (long)b * (k / QBLOCK), 0, sizeof(float) * (k / QBLOCK));
     }
+    if (tiled) {
+#pragma omp for schedule(static)
+        for (int blk = 0; blk < padded / PR; ++blk) interleave_block(&a, k, blk, blocks);
+    }
+    for (int c = 0; c < count; ++c) {
+        if (many_rows(mats[c], M)) { prefill_tiles(mats[c], blocks, M, ys[c], mats[c]->n, add); continue; }
+        gemv_shared(mats[c], &a, M, ys[c], mats[c]->n, add);
+    }
+}
+
+/* ys[c] (M, mats[c]->n) = x W_c^T + bias_c, one parallel region (products_shared). */
+void prefill(const Mat *const *mats, int count, const float *x, int M, float *const *ys, int threads, float *scratch) {
+#pragma omp parallel num_threads(threads)
+    products_shared(mats, count, x, M, ys, scratch, 0);
 }

@@ -6,11 +6,12 @@ offsets, an 8-bit one as bytes, anything else float32); the output head too, and
 embedding reads its rows from the head's codes. `kernels/templates/decode_*.c` then run
 every layer of one token (norms, projections, rotary embedding from the model's own
 `rotary_emb` tables, its scaling included, attention over the KV cache, SiLU MLP, residuals,
-the head) inside one OpenMP region. The prompt runs through `LlamaStep` into the same KV cache: its
-projections through the model's own modules (float activations: large float32 matrix products), or with
-`act_bits=8` through the step's own packed weights at many rows (`prefill_products`: VNNI integer
-products where the CPU has them), each input rounded as the step rounds it; a float32 weight's group
-runs through its modules on inputs rounded in torch.
+the head) inside one OpenMP region. With `act_bits=8` and every weight on codes the prompt runs the
+same way, all its positions in one C call (`templates/decode_prompt.c`: many rows per tile pass, VNNI
+integer products where the CPU has them, causal attention over the cache it fills). Otherwise it runs
+through `LlamaStep` into the same KV cache: its projections through the model's own modules (float
+activations: large float32 matrix products), or with `act_bits=8` through the step's packed weights
+(`prefill_products`), a float32 weight's group through its modules on inputs rounded in torch.
 
 With `act_bits=32` activations stay float32 and weights are widened in registers, so the
 logits are the compressed model's (its weights as they are) up to summation order. With
@@ -271,9 +272,27 @@ class CompiledDecoder:
         (through the model's own modules, its inputs rounded as the step rounds them)."""
         if ids.shape[0] != self.batch:
             raise ConfigError(f"CompiledDecoder.prefill: {ids.shape[0]} sequences, reset for {self.batch}")
+        if self.act_bits == 8 and all(p.has_codes for p in self.packed.values()):
+            return self._prompt_step(ids)
         if self.act_bits == 8:
             return self.torch_step.forward(ids, 0, project=self._prefill_project)
         return self.torch_step.forward(ids, 0)
+
+    def _prompt_step(self, ids: torch.Tensor) -> torch.Tensor:
+        # every layer of the prompt in one C call (templates/decode_prompt.c): each weight has codes
+        batch, t = ids.shape
+        if t > self.max_len:
+            raise ConfigError(f"CompiledDecoder.prefill: {t} positions do not fit its cache of {self.max_len}")
+        vocab = self.model_struct.vocab
+        if bool(((ids < 0) | (ids >= vocab)).any()):
+            raise ConfigError(f"CompiledDecoder.prefill: token ids must lie in 0 .. {vocab - 1}")
+        s, threads = self.model_struct, self.threads or torch.get_num_threads()
+        work = torch.empty(self.lib.prompt_floats(batch * t, s.hidden, s.heads, s.kv_heads, s.head_dim, s.inter,
+                                                  s.max_len, threads), dtype=torch.float32)
+        tokens = ids.to(torch.int64).contiguous()
+        logits = torch.empty(batch, vocab, dtype=torch.float32)
+        self.lib.prompt_step(ctypes.byref(s), tokens.data_ptr(), batch, t, logits.data_ptr(), threads, work.data_ptr())
+        return logits
 
     def _prefill_project(self, layer: int, paths: tuple[str, ...], x: torch.Tensor) -> list[torch.Tensor]:
         # a LlamaStep projector: the prompt's rows times the step's own packed weights (one rounding a group)

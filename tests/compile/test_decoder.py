@@ -257,3 +257,20 @@ def test_a_pruned_models_weights_are_read_as_bitmask_rows(act_bits, head):
             want = [model(ids[:, :p + 1]).logits[:, -1] for p in range(4, 9)]
     for a, b in zip(got, want):
         assert float((a - b).abs().max()) <= 1e-4 * float(b.abs().max())
+
+
+def test_an_int8_prompt_of_coded_weights_runs_as_one_call_equal_to_the_layer_by_layer_path():
+    model = gqa_llama(True)
+    decoder = CompiledDecoder(model, 40, act_bits=8)
+    ids = _prompts(3, 13, 14)  # 39 rows: ragged against the row blocks
+    decoder.reset(3)
+    with torch.no_grad():
+        one_call = decoder.prefill(ids)
+        caches = [t.clone() for t in decoder.torch_step.keys + decoder.torch_step.values]
+        decoder.reset(3)
+        by_layer = decoder.torch_step.forward(ids, 0, project=decoder._prefill_project)
+    assert float((one_call - by_layer).abs().max()) <= 1e-4 * float(by_layer.abs().max())
+    for got, want in zip(caches, decoder.torch_step.keys + decoder.torch_step.values):
+        assert float((got - want).abs().max()) <= 1e-4 * float(want.abs().max())
+    with pytest.raises(ConfigError, match="41 positions do not fit its cache of 40"):
+        decoder.prefill(_prompts(3, 41, 0))

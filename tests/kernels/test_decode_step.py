@@ -90,7 +90,8 @@ def test_on_vnni_cpus_every_integer_product_is_a_vpdpbusd(tmp_path, flags):
     if gcc is None:
         pytest.skip("no gcc")
     source = tmp_path / "decode.c"
-    source.write_text(c_text("decode_rows.c") + c_text("decode_prefill.c") + c_text("decode_step.c"))
+    source.write_text(c_text("decode_rows.c") + c_text("decode_prefill.c") + c_text("decode_step.c")
+                      + c_text("decode_prompt.c"))
     asm = {}
     for extra in ((), flags):
         done = subprocess.run([gcc, "-O1", "-mavx2", "-mfma", *extra, "-fopenmp", "-S", str(source), "-o", "-"],
