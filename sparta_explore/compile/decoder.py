@@ -281,8 +281,9 @@ class CompiledDecoder:
     def _prompt_step(self, ids: torch.Tensor) -> torch.Tensor:
         # every layer of the prompt in one C call (templates/decode_prompt.c): each weight has codes
         batch, t = ids.shape
-        if t > self.max_len:
-            raise ConfigError(f"CompiledDecoder.prefill: {t} positions do not fit its cache of {self.max_len}")
+        if not 1 <= t <= self.max_len:
+            raise ConfigError(f"CompiledDecoder.prefill: {t} positions do not fit its cache of {self.max_len}"
+                              if t else "CompiledDecoder.prefill: an empty prompt (no position to predict from)")
         vocab = self.model_struct.vocab
         if bool(((ids < 0) | (ids >= vocab)).any()):
             raise ConfigError(f"CompiledDecoder.prefill: token ids must lie in 0 .. {vocab - 1}")

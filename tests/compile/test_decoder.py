@@ -274,3 +274,5 @@ def test_an_int8_prompt_of_coded_weights_runs_as_one_call_equal_to_the_layer_by_
         assert float((got - want).abs().max()) <= 1e-4 * float(want.abs().max())
     with pytest.raises(ConfigError, match="41 positions do not fit its cache of 40"):
         decoder.prefill(_prompts(3, 41, 0))
+    with pytest.raises(ConfigError, match="an empty prompt"):
+        decoder.prefill(_prompts(3, 0, 0))
