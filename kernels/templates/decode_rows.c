@@ -185,6 +185,31 @@ INLINE void row_u4_f32(const Mat *m, int n, const float *x, int ldx, int nb, flo
     float tmp[2 * groups];
     const float *scales = row_grids(m, n, groups, tmp), *offs = scales + groups;
     const int per = PER ? PER : m->group / 32; /* 32-column runs a group spans */
+#if defined(__AVX512F__)
+    /* 16 columns a step: each run's 16 possible weights s c + o in one register, and a code picks its weight
+       with one vpermps (no int -> float conversion and scaling per weight) */
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i nibble = _mm512_set1_epi32(15);
+    __m512 wide[CHUNK][2];
+    for (int b = 0; b < CHUNK; ++b) wide[b][0] = wide[b][1] = _mm512_setzero_ps();
+    for (int j0 = 0; j0 < m->k; j0 += 64) {
+        const int run = j0 / 32, lo = run / per, hi = (run + 1) / per;
+        const __m512 w_lo = _mm512_fmadd_ps(iota, _mm512_set1_ps(scales[lo]), _mm512_set1_ps(offs[lo]));
+        const __m512 w_hi = _mm512_fmadd_ps(iota, _mm512_set1_ps(scales[hi]), _mm512_set1_ps(offs[hi]));
+#pragma GCC unroll 2
+        for (int t = 0; t < 2; ++t) {
+            const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c + j0 / 2 + 16 * t)));
+            const __m512 w0 = _mm512_permutexvar_ps(_mm512_and_si512(bytes, nibble), w_lo);
+            const __m512 w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), w_hi);
+            for (int b = 0; b < nb; ++b) {
+                wide[b][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + b * ldx + j0 + 16 * t), wide[b][0]);
+                wide[b][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + b * ldx + j0 + 32 + 16 * t), wide[b][1]);
+            }
+        }
+    }
+    for (int b = 0; b < nb; ++b) out[b] = _mm512_reduce_add_ps(_mm512_add_ps(wide[b][0], wide[b][1]));
+    return;
+#endif
     const __m256i low = _mm256_set1_epi32(15);
     __m256 acc[CHUNK][8];
     ZERO_ACC(acc)
