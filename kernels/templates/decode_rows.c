@@ -208,8 +208,7 @@ INLINE void row_u4_f32(const Mat *m, int n, const float *x, int ldx, int nb, flo
         }
     }
     for (int b = 0; b < nb; ++b) out[b] = _mm512_reduce_add_ps(_mm512_add_ps(wide[b][0], wide[b][1]));
-    return;
-#endif
+#else
     const __m256i low = _mm256_set1_epi32(15);
     __m256 acc[CHUNK][8];
     ZERO_ACC(acc)
@@ -232,6 +231,7 @@ INLINE void row_u4_f32(const Mat *m, int n, const float *x, int ldx, int nb, flo
         }
     }
     reduce(acc, nb, out);
+#endif
 }
 
 /* The 8 weights of a mask byte in their columns: the next popcount(bits) kept values moved to the set lanes,
